@@ -1,0 +1,46 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each creates .venv and installs
+# what it needs. torch is pinned exactly in pyproject.toml (a range admitting 2.14 pulls a CUDA build).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRAS_TEST := dev,atari,box2d,mujoco
+export PYTHONWARNINGS ?= ignore::DeprecationWarning
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS_TEST)]'
+	touch $@ $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(BIN)/quarl-edge demo
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy does not follow setuptools' package-dir mapping, so it checks a link tree with the installed layout.
+typecheck: $(VENV)/.installed-test
+	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/quarl_edge
+	for f in quarl_edge/*; do ln -s "$$PWD/$$f" .cache/typecheck/$$f; done
+	for d in exporters runtimes devices; do ln -s "$$PWD/$$d" .cache/typecheck/quarl_edge/$$d; done
+	cd .cache/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p quarl_edge
+
+pytest: $(VENV)/.installed-test
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/latency.py
+
+clean:
+	rm -rf $(VENV) build .cache .pytest_cache .mypy_cache .ruff_cache out

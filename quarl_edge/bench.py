@@ -1,0 +1,269 @@
+"""Bench every model of a bundle on the same seeds and compare each against the fp32 reference.
+
+Each model runs in its own process (the device runner, ``python -m quarl_edge.runtimes run``), so
+load time, first inference and peak RSS are its own, and the runner's imports are those of a device.
+Devices other than ``local`` plug in as transports that run the same runner elsewhere.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl_edge import __version__
+from quarl_edge.runtimes.envs import bounds
+from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.stats import mean_ci95, mean_std
+
+REPORT_FORMAT = "quarl-edge/report"
+REPORT_VERSION = 1
+
+Event = dict[str, Any]
+# A transport runs the device runner with these arguments and yields its JSON-lines events.
+Transport = Callable[[Path, list[str]], Iterator[Event]]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    episodes: int = 20
+    """closed-loop episodes per model, on seeds seed .. seed+episodes-1 (the same for every model)"""
+    seed: int = 1000
+    threads: int = 1
+    latency_samples: int = 1000
+    warmup: int = 50
+    max_steps: int | None = None
+    models: tuple[str, ...] | None = None
+    """bench only these models (the fp32 reference is always added)"""
+    trace: Path | None = None
+    """replay trace for action agreement; default: the bundle's own trace.npz"""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 0:
+            raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
+        if self.threads < 1:
+            raise InputError(f"--threads must be >= 1 (got {self.threads})", "e.g. --threads 1")
+        if self.latency_samples < 0:
+            raise InputError("--latency-samples must be >= 0", "e.g. --latency-samples 1000")
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.episodes))
+
+
+def local_transport(bundle: Path, args: list[str]) -> Iterator[Event]:
+    """Run the device runner as a child process of this Python, reading its JSON lines."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")  # never import from the caller's cwd
+    cmd = [sys.executable, "-m", "quarl_edge.runtimes", "run", "--bundle", str(bundle), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        line = line.strip()
+        if line.startswith("{"):
+            yield json.loads(line)
+    err = proc.stderr.read()
+    if proc.wait() not in (0, 2):
+        tail = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
+        raise QuarlError(f"the runner crashed: {tail}", "run again with --debug, or report a bug")
+
+
+def _runner_args(cfg: BenchConfig, model: str) -> list[str]:
+    args = ["--model", model, "--threads", str(cfg.threads), "--seeds", ",".join(map(str, cfg.seeds))]
+    args += ["--latency-samples", str(cfg.latency_samples), "--warmup", str(cfg.warmup)]
+    if cfg.max_steps:
+        args += ["--max-steps", str(cfg.max_steps)]
+    if cfg.trace:
+        args += ["--trace", str(cfg.trace)]
+    return args
+
+
+def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | None) -> dict[str, Any] | None:
+    if ref is None or other is None:
+        return None
+    pairs = [(a, b) for a, b in zip(ref, other, strict=True) if a is not None and b is not None]
+    if not pairs:
+        return None
+    space = manifest.policy.action_space
+    if space.is_discrete:
+        match = float(np.mean([int(a) == int(b) for a, b in pairs]))
+        return {"metric": "exact_match_rate", "value": match, "samples": len(pairs)}
+    a = np.asarray([p[0] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
+    b = np.asarray([p[1] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
+    low, high = bounds(space)
+    rng = (high - low).reshape(-1)
+    rng = np.where(np.isfinite(rng) & (rng > 0), rng, 1.0)
+    mad = float(np.mean(np.abs(a - b) / rng))
+    return {
+        "metric": "1 - mean_abs_diff/action_range",
+        "value": 1.0 - mad,
+        "mean_abs_diff_rel": mad,
+        "samples": len(pairs),
+    }
+
+
+def _reward(run: dict[str, Any]) -> dict[str, Any]:
+    rets = [e["ret"] for e in run["episodes"] if e.get("error") is None and e.get("ret") is not None]
+    m, s = mean_std(rets)
+    return {
+        "mean": m,
+        "std": s,
+        "episodes": len(rets),
+        "per_episode": [e.get("ret") for e in run["episodes"]],
+    }
+
+
+def _drift(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
+    diffs = [
+        b["ret"] - a["ret"]
+        for a, b in zip(ref["episodes"], run["episodes"], strict=True)
+        if a.get("error") is None
+        and b.get("error") is None
+        and a.get("ret") is not None
+        and b.get("ret") is not None
+    ]
+    if not diffs:
+        return None
+    ref_mean = _reward(ref)["mean"]
+    m, lo, hi = mean_ci95(diffs)
+    scale = abs(ref_mean) if ref_mean and math.isfinite(ref_mean) else math.nan
+    rel = m / scale if scale == scale and scale > 0 else 0.0 if m == 0 else math.nan
+    return {
+        "paired_episodes": len(diffs),
+        "abs": m,
+        "abs_ci95": [lo, hi],
+        "rel": rel,
+        "rel_ci95": [lo / scale, hi / scale] if scale == scale and scale > 0 else [math.nan, math.nan],
+        "reward_drop_pct": -100.0 * rel,
+    }
+
+
+def _warnings(run: dict[str, Any]) -> list[str]:
+    out = []
+    nonfinite = sum(e.get("nonfinite_obs", 0) for e in run["episodes"])
+    if nonfinite:
+        out.append(f"{nonfinite} non-finite (NaN/inf) observations during episodes")
+    if run.get("replay_nonfinite_obs"):
+        out.append(f"{run['replay_nonfinite_obs']} non-finite observations in the trace were skipped")
+    for e in run["episodes"]:
+        if e.get("error"):
+            out.append(f"episode seed {e['seed']} failed: {e['error']}")
+    if run.get("torch_imported"):
+        out.append("the runner imported torch or tensorflow (it must not on a device)")
+    return out
+
+
+def bench(
+    bundle: str | Path,
+    cfg: BenchConfig,
+    *,
+    device: dict[str, Any] | None = None,
+    transport: Transport = local_transport,
+    progress: Callable[[Event], None] | None = None,
+) -> dict[str, Any]:
+    """Run every model on the same seeds; return the report (JSON-able dict)."""
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)
+    ref = manifest.reference()
+    if ref is None:
+        raise InputError("the bundle has no fp32 model to compare against", "export with --to onnx-fp32,...")
+    names = [m.name for m in manifest.models]
+    if cfg.models:
+        unknown = [n for n in cfg.models if n not in names]
+        if unknown:
+            raise InputError(
+                f"bundle has no model {unknown[0]!r}", f"models in this bundle: {', '.join(names)}"
+            )
+        names = [n for n in names if n in cfg.models or n == ref.name]
+    runs: dict[str, dict[str, Any]] = {}
+    for name in names:
+        result: dict[str, Any] | None = None
+        for ev in transport(bundle, _runner_args(cfg, name)):
+            if ev.get("event") == "result":
+                result = ev["result"]
+            elif ev.get("event") == "error":
+                raise QuarlError(ev.get("message", "runner failed"))
+            elif progress:
+                progress(ev)
+        if result is None:
+            raise QuarlError(f"the runner returned no result for {name!r}", "run again with --debug")
+        runs[name] = result
+        if progress:
+            progress({"event": "model_done", "model": name})
+    ref_run = runs[ref.name]
+    models = []
+    for name in names:
+        run = runs[name]
+        lat, ref_lat = run.get("latency"), ref_run.get("latency")
+        models.append(
+            {
+                "name": name,
+                "format": run["format"],
+                "precision": run["precision"],
+                "runtime": run["runtime"],
+                "threads": run["threads"],
+                "size_bytes": run["size_bytes"],
+                "size_ratio_vs_ref": ref_run["size_bytes"] / run["size_bytes"] if run["size_bytes"] else None,
+                "load_ms": run["load_ms"],
+                "first_inference_ms": run["first_inference_ms"],
+                "peak_rss_mb": run["peak_rss_mb"],
+                "latency": lat,
+                "speedup_p50_vs_ref": (ref_lat["p50_us"] / lat["p50_us"])
+                if lat and ref_lat and lat["p50_us"]
+                else None,
+                "reward": _reward(run),
+                "drift": None if name == ref.name else _drift(ref_run, run),
+                "agreement": None
+                if name == ref.name
+                else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
+                "warnings": _warnings(run),
+            }
+        )
+    return {
+        "format": REPORT_FORMAT,
+        "schema_version": REPORT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tool_version": __version__,
+        "bundle": {
+            "path": str(bundle),
+            "manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
+            "policy": manifest.policy.name,
+            "env": manifest.policy.env.id,
+            "algo": manifest.policy.algo,
+        },
+        "device": device or {"name": "local", "emulated": False},
+        "settings": {
+            "episodes": cfg.episodes,
+            "seeds": cfg.seeds,
+            "threads": cfg.threads,
+            "latency_samples": cfg.latency_samples,
+            "warmup": cfg.warmup,
+        },
+        "reference": ref.name,
+        "models": models,
+    }
+
+
+def finite_json(obj: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def model_names(report: dict[str, Any]) -> Sequence[str]:
+    return [m["name"] for m in report.get("models", [])]

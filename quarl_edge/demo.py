@@ -1,0 +1,57 @@
+"""`quarl-edge demo`: export -> bench -> gate on the CartPole PPO policy shipped with the package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quarl_edge.bench import BenchConfig, bench
+from quarl_edge.export import BundleRequest, export_bundle
+from quarl_edge.gate import GateConfig, evaluate, write_outputs
+from quarl_edge.output import info, table
+from quarl_edge.policies import load_checkpoint
+from quarl_edge.report import COLUMNS, rows, write_report
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+DEMO_POLICY = "cartpole-ppo"
+
+
+def shipped_policy(name: str) -> Path:
+    return ASSETS / "policies" / name
+
+
+def shipped_calibration(name: str) -> Path | None:
+    """calibration_data/<name>.npz of a source checkout, if present."""
+    for root in (Path(__file__).resolve().parent.parent / "calibration_data", ASSETS / "calibration_data"):
+        path = root / f"{name}.npz"
+        if path.is_file():
+            return path
+    return None
+
+
+def run_demo(out: Path, episodes: int = 20) -> int:
+    policy_dir = shipped_policy(DEMO_POLICY)
+    policy = load_checkpoint(policy_dir)
+    calib = shipped_calibration(DEMO_POLICY)
+    bundle = out / "bundle"
+    info(
+        f"[bold]1/3 export[/] {policy_dir.name} -> {bundle} (onnx fp32, fp16, int8; calibration {calib or 'recorded now'})"
+    )
+    export_bundle(
+        policy, BundleRequest(out=bundle, targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=calib)
+    )
+    info(f"[bold]2/3 bench[/] {episodes} paired episodes per model, 1 thread")
+    report = bench(bundle, BenchConfig(episodes=episodes))
+    report_path, md = write_report(report, out / "report.json")
+    table(
+        f"{policy.spec.name}: {policy.spec.algo.upper()} on {policy.spec.env.id}, local, 1 thread",
+        COLUMNS,
+        rows(report),
+    )
+    info("[bold]3/3 gate[/] --max-reward-drop 2%")
+    checks = evaluate(report, GateConfig(max_reward_drop_pct=2.0))
+    write_outputs(report, checks, out / "junit.xml", out / "gate.md")
+    failed = [c for c in checks if not c.passed]
+    for c in checks:
+        info(("[green]pass[/] " if c.passed else "[bold red]FAIL[/] ") + c.message)
+    info(f"report: {report_path}, {md}; JUnit: {out / 'junit.xml'}")
+    return 1 if failed else 0

@@ -1,0 +1,94 @@
+"""Write a bundle: the exported models, a replay trace and manifest.json with every file's sha256."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from quarl_edge import __version__
+from quarl_edge.exporters.base import (
+    EXPORTERS,
+    NEEDS_CALIBRATION,
+    ExportConfig,
+    ExportContext,
+    resolve_targets,
+)
+from quarl_edge.policies import Policy
+from quarl_edge.record import RecordConfig, check_trace_fits, record
+from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, sha256_file
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
+from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
+
+TRACE_SAMPLES = 1000
+_EXT = {"onnx": "onnx", "tflite": "tflite"}
+
+
+@dataclass(frozen=True)
+class BundleRequest:
+    out: Path
+    targets: tuple[str, ...]
+    calibration: Path | None = None
+    config: ExportConfig = ExportConfig()
+    record_episodes: int = 10
+    """episodes recorded on the fly when no calibration file is given"""
+
+
+def _calibration(policy: Policy, req: BundleRequest) -> Trace:
+    if req.calibration is not None:
+        trace = load_trace(req.calibration)
+        check_trace_fits(trace, policy, req.calibration)
+        return trace
+    return record(policy, RecordConfig(episodes=req.record_episodes, epsilon=0.1, seed=0, max_samples=5000))
+
+
+def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
+    targets = resolve_targets(list(req.targets))  # cheap validation before any expensive step
+    calib = _calibration(policy, req)
+    calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
+    entries: list[ModelEntry] = []
+    with tempfile.TemporaryDirectory(prefix="quarl-export-") as work, atomic_directory(req.out) as tmp:
+        for name in targets:
+            fmt, precision = name.rsplit("-", 1)
+            ctx = ExportContext(
+                policy=policy,
+                calibration=calib_obs if name in NEEDS_CALIBRATION else None,
+                config=req.config,
+                workdir=Path(work),
+            )
+            file = tmp / f"policy.{precision}.{_EXT.get(fmt, fmt)}"
+            out = EXPORTERS[name](ctx, file)
+            entries.append(
+                ModelEntry(
+                    name=name,
+                    file=out.file.name,
+                    format=out.format,
+                    precision=out.precision,
+                    sha256=sha256_file(out.file),
+                    size_bytes=out.file.stat().st_size,
+                    quantization=out.quantization,
+                    io=out.io,
+                )
+            )
+        trace = calib.subsample(TRACE_SAMPLES, seed=2)
+        save_trace(trace, tmp / "trace.npz")
+        calibration = {
+            "file": str(req.calibration) if req.calibration else None,
+            "recorded_on_the_fly": req.calibration is None,
+            "sha256": calib.sha256,
+            "samples": calib.samples,
+            "samples_used": int(len(calib_obs)),
+            "episodes": calib.episodes,
+            "env_id": calib.meta.get("env_id"),
+        }
+        manifest = Manifest(
+            policy=policy.spec,
+            models=tuple(entries),
+            calibration=calibration,
+            trace={"file": "trace.npz", "sha256": sha256_file(tmp / "trace.npz"), "samples": trace.samples},
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            tool_version=__version__,
+        )
+        atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+    return manifest

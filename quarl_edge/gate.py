@@ -1,0 +1,129 @@
+"""The CI gate: thresholds on reward drop, action agreement and p99 latency.
+
+Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.fsutil import atomic_write_text
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    max_reward_drop_pct: float | None = 2.0
+    """largest allowed mean reward drop vs fp32, in % of the fp32 mean return"""
+    min_agreement: float | None = None
+    """smallest allowed action agreement with fp32 on the recorded trace (0..1)"""
+    max_p99_ms: float | None = None
+    """largest allowed p99 single-inference latency, milliseconds"""
+
+    def __post_init__(self) -> None:
+        if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
+            raise InputError("--max-reward-drop must be >= 0", "e.g. --max-reward-drop 2%")
+        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
+            raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
+        if self.max_p99_ms is not None and self.max_p99_ms <= 0:
+            raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
+
+
+def parse_percent(text: str) -> float:
+    """'2%', '2' -> 2.0 (percent)."""
+    t = text.strip().rstrip("%").strip()
+    try:
+        return float(t)
+    except ValueError:
+        raise InputError(f"not a percentage: {text!r}", "write it like 2% or 2.5") from None
+
+
+@dataclass(frozen=True)
+class Check:
+    model: str
+    name: str
+    passed: bool
+    value: float | None
+    limit: float
+    message: str
+
+
+def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
+    """Every check on every non-reference model (the fp32 reference is checked for latency only)."""
+    checks: list[Check] = []
+    for m in report["models"]:
+        name, is_ref = m["name"], m["name"] == report["reference"]
+        if cfg.max_reward_drop_pct is not None and not is_ref:
+            drop = (m.get("drift") or {}).get("reward_drop_pct")
+            if drop is None:
+                checks.append(Check(name, "reward_drop", False, None, cfg.max_reward_drop_pct,
+                                    f"{name}: no paired episodes to measure reward drop"))  # fmt: skip
+            else:
+                ok = drop <= cfg.max_reward_drop_pct
+                checks.append(Check(name, "reward_drop", ok, drop, cfg.max_reward_drop_pct,
+                                    f"{name}: reward drop {drop:+.2f}% "
+                                    f"{'<=' if ok else '>'} {cfg.max_reward_drop_pct:g}%"
+                                    + ("" if ok else f" (over by {drop - cfg.max_reward_drop_pct:.2f} points)")))  # fmt: skip
+        if cfg.min_agreement is not None and not is_ref:
+            agree = (m.get("agreement") or {}).get("value")
+            if agree is None:
+                checks.append(Check(name, "agreement", False, None, cfg.min_agreement,
+                                    f"{name}: no trace replay to measure agreement"))  # fmt: skip
+            else:
+                ok = agree >= cfg.min_agreement
+                checks.append(Check(name, "agreement", ok, agree, cfg.min_agreement,
+                                    f"{name}: agreement {agree:.4f} {'>=' if ok else '<'} {cfg.min_agreement:g}"
+                                    + ("" if ok else f" (short by {cfg.min_agreement - agree:.4f})")))  # fmt: skip
+        if cfg.max_p99_ms is not None:
+            p99 = (m.get("latency") or {}).get("p99_us")
+            if p99 is None:
+                checks.append(
+                    Check(name, "p99_latency", False, None, cfg.max_p99_ms, f"{name}: no latency measured")
+                )
+            else:
+                ms = p99 / 1000
+                ok = ms <= cfg.max_p99_ms
+                checks.append(Check(name, "p99_latency", ok, ms, cfg.max_p99_ms,
+                                    f"{name}: p99 {ms:.3f} ms {'<=' if ok else '>'} {cfg.max_p99_ms:g} ms"))  # fmt: skip
+    return checks
+
+
+def junit_xml(report: dict[str, Any], checks: list[Check]) -> str:
+    failures = sum(not c.passed for c in checks)
+    suite = f"quarl-edge gate {report['bundle'].get('policy', '')}"
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<testsuites tests="{len(checks)}" failures="{failures}">',
+        f'  <testsuite name={quoteattr(suite)} tests="{len(checks)}" failures="{failures}">',
+    ]
+    for c in checks:
+        out.append(f"    <testcase classname={quoteattr(c.model)} name={quoteattr(c.name)}>")
+        if not c.passed:
+            out.append(f"      <failure message={quoteattr(c.message)}>{escape(c.message)}</failure>")
+        out.append("    </testcase>")
+    out += ["  </testsuite>", "</testsuites>"]
+    return "\n".join(out) + "\n"
+
+
+def markdown_summary(report: dict[str, Any], checks: list[Check]) -> str:
+    ok = all(c.passed for c in checks)
+    lines = [
+        f"## quarl-edge gate: {'PASS' if ok else 'FAIL'} ({report['bundle'].get('policy', '')})",
+        "",
+        "| model | check | value | limit | result |",
+        "|---|---|---|---|---|",
+    ]
+    for c in checks:
+        v = "-" if c.value is None else f"{c.value:.4g}"
+        lines.append(f"| {c.model} | {c.name} | {v} | {c.limit:g} | {'pass' if c.passed else '**FAIL**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict[str, Any], checks: list[Check], junit: Path | None, md: Path | None) -> None:
+    if junit:
+        atomic_write_text(junit, junit_xml(report, checks))
+    if md:
+        atomic_write_text(md, markdown_summary(report, checks))

@@ -1,0 +1,268 @@
+"""The deterministic policy as a plain torch module, and its checkpoint format.
+
+``PolicyNet`` holds the actor (or Q-network) of any supported algorithm together with the
+preprocessing and action postprocessing that can live in the graph, so its input is the raw environment
+observation and its output the environment action. Checkpoints are a folder of plain files:
+``policy.json`` (PolicySpec + architecture + sha256 of the weights) and ``weights.npz`` (no pickle).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl_edge.runtimes.envs import bounds
+from quarl_edge.runtimes.errors import InputError, IntegrityError
+from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
+from quarl_edge.runtimes.spec import PolicySpec
+
+CHECKPOINT_FORMAT = "quarl-edge/checkpoint"
+CHECKPOINT_VERSION = 1
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "leaky_relu": nn.LeakyReLU,
+}
+HEADS = ("argmax", "clip", "tanh_unscale", "identity")
+
+
+@dataclass(frozen=True)
+class NetArch:
+    """Shape of the network; weights are stored separately.
+
+    head: ``argmax`` (discrete: logits or Q-values -> action index), ``clip`` (Gaussian mean clipped to
+    the action bounds, as SB3 PPO/A2C predict), ``tanh_unscale`` (SAC/TD3/DDPG: tanh then rescale from
+    [-1, 1] to the action bounds), ``identity``.
+    """
+
+    model: str  # "mlp" | "nature_cnn"
+    hidden: tuple[int, ...]
+    activation: str
+    out_dim: int
+    head: str
+    scale_uint8: bool = False
+    obs_norm: bool = False
+    norm_clip: float = 10.0
+    norm_eps: float = 1e-8
+    cnn_features: int = 512
+
+    def __post_init__(self) -> None:
+        if self.model not in ("mlp", "nature_cnn"):
+            raise InputError(f"unsupported model type {self.model!r}", "supported: mlp, nature_cnn")
+        if self.activation not in ACTIVATIONS:
+            raise InputError(
+                f"unsupported activation {self.activation!r}", f"supported: {', '.join(sorted(ACTIVATIONS))}"
+            )
+        if self.head not in HEADS:
+            raise InputError(f"unsupported action head {self.head!r}", f"supported: {', '.join(HEADS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NetArch:
+        d = dict(d)
+        d["hidden"] = tuple(int(h) for h in d.get("hidden", ()))
+        return cls(**d)
+
+    def graph_steps(self) -> tuple[str, ...]:
+        steps = []
+        if self.scale_uint8:
+            steps.append("scale_uint8")
+        if self.obs_norm:
+            steps.append("obs_normalize")
+        steps.append(self.model)
+        steps.append(self.head)
+        return tuple(steps)
+
+
+class PolicyNet(nn.Module):
+    """obs -> action, with in-graph preprocessing and postprocessing."""
+
+    obs_mean: torch.Tensor
+    obs_var: torch.Tensor
+    act_low: torch.Tensor
+    act_high: torch.Tensor
+
+    def __init__(self, arch: NetArch, spec: PolicySpec) -> None:
+        super().__init__()
+        self.arch = arch
+        obs_shape = tuple(spec.observation_space.shape)
+        act_cls = ACTIVATIONS[arch.activation]
+        if arch.obs_norm:
+            self.register_buffer("obs_mean", torch.zeros(obs_shape))
+            self.register_buffer("obs_var", torch.ones(obs_shape))
+        in_dim: int
+        if arch.model == "nature_cnn":
+            if len(obs_shape) != 3:
+                raise InputError(
+                    f"the Nature-CNN needs image observations (C, H, W), got shape {list(obs_shape)}",
+                    "use --model mlp for vector observations",
+                )
+            c = obs_shape[0]
+            self.cnn = nn.Sequential(
+                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+                nn.Flatten(),
+            )  # fmt: skip
+            with torch.no_grad():
+                n_flat = int(self.cnn(torch.zeros(1, *obs_shape)).shape[1])
+            self.cnn_fc = nn.Sequential(nn.Linear(n_flat, arch.cnn_features), nn.ReLU())
+            in_dim = arch.cnn_features
+        else:
+            in_dim = int(np.prod(obs_shape)) if obs_shape else 1
+        layers: list[nn.Module] = []
+        for h in arch.hidden:
+            layers += [nn.Linear(in_dim, h), act_cls()]
+            in_dim = h
+        self.mlp = nn.Sequential(*layers)
+        self.out = nn.Linear(in_dim, arch.out_dim)
+        if arch.head in ("clip", "tanh_unscale"):
+            low, high = bounds(spec.action_space)
+            self.register_buffer("act_low", torch.as_tensor(low, dtype=torch.float32).reshape(-1))
+            self.register_buffer("act_high", torch.as_tensor(high, dtype=torch.float32).reshape(-1))
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()
+        if self.arch.scale_uint8:
+            x = x / 255.0
+        if self.arch.obs_norm:
+            x = (x - self.obs_mean) / torch.sqrt(self.obs_var + self.arch.norm_eps)
+            x = torch.clamp(x, -self.arch.norm_clip, self.arch.norm_clip)
+        if self.arch.model == "nature_cnn":
+            x = self.cnn_fc(self.cnn(x))
+        else:
+            x = torch.flatten(x, 1)
+        return self.mlp(x)
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """The network output before the action head (logits, Q-values or pre-tanh action)."""
+        return self.out(self.features(obs))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        y = self.logits(obs)
+        head = self.arch.head
+        if head == "argmax":
+            return torch.argmax(y, dim=1)
+        if head == "clip":
+            return torch.minimum(torch.maximum(y, self.act_low), self.act_high)
+        if head == "tanh_unscale":
+            return self.act_low + 0.5 * (torch.tanh(y) + 1.0) * (self.act_high - self.act_low)
+        return y
+
+
+@dataclass
+class Policy:
+    """A loaded policy: spec, architecture and the torch module (eval mode)."""
+
+    spec: PolicySpec
+    arch: NetArch
+    net: PolicyNet
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for a batch of observations (numpy in, numpy out)."""
+        with torch.no_grad():
+            return self.net(torch.as_tensor(np.asarray(obs))).numpy()
+
+    def act(self, obs: np.ndarray) -> Any:
+        a = self.predict(np.asarray(obs)[None])[0]
+        return int(a) if self.spec.action_space.is_discrete else a.astype(np.float32)
+
+
+def build_policy(spec: PolicySpec, arch: NetArch, state: dict[str, torch.Tensor] | None = None) -> Policy:
+    net = PolicyNet(arch, spec)
+    if state is not None:
+        missing, unexpected = net.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise InputError(
+                f"weights do not fit the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                "the checkpoint is damaged or from another version; re-train or re-import it",
+            )
+    net.eval()
+    return Policy(spec=spec, arch=arch, net=net)
+
+
+def _weights_bytes(net: nn.Module) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{k: v.detach().cpu().numpy() for k, v in net.state_dict().items()})
+    return buf.getvalue()
+
+
+def save_checkpoint(policy: Policy, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``policy.json`` + ``weights.npz`` atomically (the folder appears complete or not at all)."""
+    out_dir = Path(out_dir)
+    weights = _weights_bytes(policy.net)
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "spec": policy.spec.to_dict(),
+        "arch": policy.arch.to_dict(),
+        "weights": {"file": "weights.npz", "sha256": sha256_bytes(weights)},
+        "extra": {**policy.extra, **(extra or {})},
+    }
+    with atomic_directory(out_dir) as tmp:
+        atomic_write_bytes(tmp / "weights.npz", weights)
+        atomic_write_bytes(tmp / "policy.json", (json.dumps(meta, indent=2) + "\n").encode())
+    return out_dir
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / "policy.json").is_file()
+
+
+def load_checkpoint(path: str | Path) -> Policy:
+    path = Path(path)
+    meta_path = path / "policy.json"
+    if not meta_path.is_file():
+        raise InputError(
+            f"{str(path)!r} is not a quarl-edge policy (no policy.json)",
+            "pass a folder written by `quarl-edge train` or an SB3 .zip",
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IntegrityError(
+            f"{str(meta_path)!r} is not valid JSON ({e})", "re-train or re-import the policy"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(
+            f"{str(meta_path)!r} is not a quarl-edge checkpoint", "re-train or re-import the policy"
+        )
+    if int(meta.get("version", 0)) > CHECKPOINT_VERSION:
+        raise InputError("checkpoint is newer than this quarl-edge", "upgrade quarl-edge")
+    weights_path = path / str(meta.get("weights", {}).get("file", "weights.npz"))
+    if not weights_path.is_file():
+        raise IntegrityError(
+            f"checkpoint weights {str(weights_path)!r} are missing", "re-train or re-import the policy"
+        )
+    expected = meta.get("weights", {}).get("sha256")
+    actual = sha256_file(weights_path)
+    if expected != actual:
+        raise IntegrityError(
+            f"checkpoint weights {str(weights_path)!r} fail their sha256 check",
+            "the file was modified or damaged; re-train or re-import the policy",
+        )
+    try:
+        spec = PolicySpec.from_dict(meta["spec"])
+        arch = NetArch.from_dict(meta["arch"])
+        with np.load(weights_path, allow_pickle=False) as z:
+            state = {k: torch.from_numpy(z[k].copy()) for k in z.files}
+    except (KeyError, TypeError, ValueError) as e:
+        raise IntegrityError(
+            f"checkpoint {str(path)!r} is malformed ({e})", "re-train or re-import the policy"
+        ) from None
+    policy = build_policy(spec, arch, state)
+    policy.extra = dict(meta.get("extra", {}))
+    return policy

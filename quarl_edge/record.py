@@ -1,0 +1,123 @@
+"""Record rollouts of a policy as calibration data / replay traces.
+
+Exploration noise (epsilon-greedy for discrete actions, Gaussian noise of ``epsilon`` x action range for
+continuous ones) makes the calibration cover states off the greedy path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quarl_edge import __version__
+from quarl_edge.policies import Policy
+from quarl_edge.runtimes.envs import bounds, make_env
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.trace import Trace, make_trace
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    episodes: int = 10
+    """episodes to record, on seeds seed, seed+1, ..."""
+    epsilon: float = 0.1
+    """exploration: random-action probability (discrete) or noise scale relative to the action range"""
+    seed: int = 0
+    max_steps: int | None = None
+    """cap on steps per episode"""
+    max_samples: int | None = None
+    """cap on recorded steps in total (recording stops at an episode end or at the cap)"""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise InputError(f"--episodes must be at least 1 (got {self.episodes})", "e.g. --episodes 10")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise InputError(f"--epsilon must be in [0, 1] (got {self.epsilon})", "e.g. --epsilon 0.1")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise InputError("--max-samples must be at least 1", "e.g. --max-samples 5000")
+
+
+def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) -> Trace:
+    spec = policy.spec
+    rng = np.random.default_rng(cfg.seed)
+    env = make_env(spec.env)
+    obs_l, act_l, rew_l, done_l, ep_l, seeds = [], [], [], [], [], []
+    discrete = spec.action_space.is_discrete
+    if not discrete:
+        low, high = bounds(spec.action_space)
+        low, high = low.astype(np.float32), high.astype(np.float32)
+    try:
+        for ep in range(cfg.episodes):
+            seed = cfg.seed + ep
+            seeds.append(seed)
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            steps = 0
+            while True:
+                action = policy.act(obs)
+                if discrete:
+                    if rng.random() < cfg.epsilon:
+                        action = int(rng.integers(spec.action_space.n or 1))
+                elif cfg.epsilon > 0:
+                    action = np.clip(
+                        action + rng.normal(0, cfg.epsilon, action.shape) * (high - low), low, high
+                    )
+                    action = action.astype(np.float32)
+                next_obs, r, term, trunc, _ = env.step(action)
+                steps += 1
+                end = bool(term or trunc or (cfg.max_steps is not None and steps >= cfg.max_steps))
+                obs_l.append(np.asarray(obs))
+                act_l.append(action)
+                rew_l.append(float(r))
+                done_l.append(end)
+                ep_l.append(ep)
+                obs = next_obs
+                if end or (cfg.max_samples is not None and len(obs_l) >= cfg.max_samples):
+                    done_l[-1] = True
+                    break
+            if progress is not None:
+                progress(ep + 1, cfg.episodes)  # type: ignore[operator]
+            if cfg.max_samples is not None and len(obs_l) >= cfg.max_samples:
+                break
+    finally:
+        env.close()
+    meta = {
+        "policy": spec.name,
+        "algo": spec.algo,
+        "env_id": spec.env.id,
+        "env": spec.env.to_dict(),
+        "obs_shape": list(spec.observation_space.shape),
+        "obs_dtype": spec.observation_space.dtype,
+        "epsilon": cfg.epsilon,
+        "seed": cfg.seed,
+        "tool_version": __version__,
+    }
+    return make_trace(
+        obs=np.stack(obs_l).astype(spec.observation_space.dtype),
+        actions=np.asarray(act_l, dtype=np.int64 if discrete else np.float32),
+        rewards=np.asarray(rew_l),
+        dones=np.asarray(done_l),
+        episode_ids=np.asarray(ep_l),
+        seeds=np.asarray(seeds[: len(set(ep_l))]),
+        meta=meta,
+    )
+
+
+def check_trace_fits(trace: Trace, policy: Policy, path: str | Path) -> None:
+    """Refuse calibration data recorded on another environment or observation shape."""
+    want = tuple(policy.spec.observation_space.shape)
+    got = tuple(trace.obs.shape[1:])
+    env_id = trace.meta.get("env_id")
+    if got != want:
+        raise InputError(
+            f"calibration file {str(path)!r} has observations of shape {list(got)} "
+            f"(env {env_id}), the policy expects {list(want)} ({policy.spec.env.id})",
+            f"record calibration data for this policy with `quarl-edge record --policy ... --out {Path(path).name}`",
+        )
+    if env_id and env_id != policy.spec.env.id:
+        raise InputError(
+            f"calibration file {str(path)!r} was recorded on {env_id}, the policy runs on {policy.spec.env.id}",
+            "record calibration data on the policy's own environment with `quarl-edge record`",
+        )

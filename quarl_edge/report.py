@@ -1,0 +1,109 @@
+"""Bench reports: write (JSON + Markdown beside it), read back with validation, render as a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.bench import REPORT_FORMAT, finite_json
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+
+COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
+
+
+def _f(x: Any, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def rows(report: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for m in report["models"]:
+        lat = m.get("latency") or {}
+        rew = m.get("reward") or {}
+        drift = m.get("drift") or {}
+        ci = drift.get("rel_ci95") or [None, None]
+        agree = m.get("agreement") or {}
+        out.append(
+            [
+                m["name"],
+                f"{m['size_bytes'] / 1024:.1f} KiB",
+                _f(lat.get("p50_us"), "{:.1f}"),
+                _f(lat.get("p99_us"), "{:.1f}"),
+                _f(m.get("speedup_p50_vs_ref"), "{:.2f}x"),
+                f"{_f(rew.get('mean'), '{:.1f}')} ± {_f(rew.get('std'), '{:.1f}')}",
+                "ref" if m["name"] == report["reference"] else _f(drift.get("reward_drop_pct"), "{:+.2f}%"),
+                "" if None in ci else f"[{-100 * ci[1]:+.2f}%, {-100 * ci[0]:+.2f}%]",
+                _f(agree.get("value"), "{:.3f}", ""),
+            ]
+        )
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    b, d, s = report["bundle"], report["device"], report["settings"]
+    emulated = " (emulated: latency is not board latency)" if d.get("emulated") else ""
+    lines = [
+        f"# quarl-edge bench: {b['policy']} ({b['algo']}, {b['env']})",
+        "",
+        f"Device: **{d.get('name', 'local')}**{emulated}; threads {s['threads']}; "
+        f"{s['episodes']} paired episodes (seeds {s['seeds'][0] if s['seeds'] else '-'}..); "
+        f"reference **{report['reference']}**.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(report)]
+    warn = [f"- {m['name']}: {w}" for m in report["models"] for w in m.get("warnings", [])]
+    if warn:
+        lines += ["", "Warnings:", *warn]
+    lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
+              "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> tuple[Path, Path]:
+    path = Path(path)
+    if path.suffix != ".json":
+        raise InputError(f"report path {str(path)!r} must end in .json", "e.g. --out reports/policy.json")
+    md = path.with_suffix(".md")
+    atomic_write_json(path, finite_json(report))
+    atomic_write_text(md, markdown(report))
+    return path, md
+
+
+_REQUIRED_MODEL_FIELDS = ("name", "precision", "size_bytes", "latency", "reward", "drift", "agreement")
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """Load a report and check the fields the gate needs; any defect is an InputError (exit 2)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(
+            f"report {str(path)!r} does not exist", "write one with `quarl-edge bench --out FILE.json`"
+        )
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(
+            f"report {str(path)!r} is not valid JSON ({e})", "re-run `quarl-edge bench`"
+        ) from None
+    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
+        raise InputError(f"{str(path)!r} is not a quarl-edge bench report", "re-run `quarl-edge bench`")
+    for key in ("reference", "models", "bundle", "device", "settings"):
+        if key not in report:
+            raise InputError(f"report {str(path)!r} lacks the field {key!r}", "re-run `quarl-edge bench`")
+    if not isinstance(report["models"], list) or not report["models"]:
+        raise InputError(f"report {str(path)!r} has no models", "re-run `quarl-edge bench`")
+    for i, m in enumerate(report["models"]):
+        missing = [k for k in _REQUIRED_MODEL_FIELDS if not isinstance(m, dict) or k not in m]
+        if missing:
+            name = m.get("name", f"#{i}") if isinstance(m, dict) else f"#{i}"
+            raise InputError(
+                f"report {str(path)!r}: model {name} lacks the field {missing[0]!r}",
+                "re-run `quarl-edge bench`",
+            )
+    if report["reference"] not in [m["name"] for m in report["models"]]:
+        raise InputError(f"report {str(path)!r}: reference model is missing", "re-run `quarl-edge bench`")
+    return report

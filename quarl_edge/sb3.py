@@ -1,0 +1,361 @@
+"""Stable-Baselines3 policies -> PolicyNet: from a live model (our trainer) or an SB3 / RL Zoo .zip.
+
+Zips are read without executing pickled code: the ``data`` member is JSON, the weights are
+``torch.load(weights_only=True)``, and a VecNormalize ``.pkl`` goes through an unpickler that only
+rebuilds numpy arrays and turns every other object into an inert record.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from quarl_edge.envs import env_config, resolve_id
+from quarl_edge.hyperparams import ALGOS
+from quarl_edge.policies import NetArch, Policy, build_policy
+from quarl_edge.runtimes.envs import make_env, space_spec
+from quarl_edge.runtimes.errors import InputError, IntegrityError
+from quarl_edge.runtimes.spec import PolicySpec, SpaceSpec
+
+_DEFAULT_ACTIVATION = {
+    "ppo": "tanh",
+    "a2c": "tanh",
+    "dqn": "relu",
+    "sac": "relu",
+    "td3": "relu",
+    "ddpg": "relu",
+}
+_ACTIVATION_NAMES = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "LeakyReLU": "leaky_relu"}
+
+
+@dataclass(frozen=True)
+class VecNormStats:
+    mean: np.ndarray
+    var: np.ndarray
+    clip_obs: float
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class SB3Parts:
+    """What is needed from an SB3 policy to rebuild its deterministic actor."""
+
+    algo: str
+    state: dict[str, torch.Tensor]
+    activation: str
+    normalize_images: bool = True
+    squash_output: bool = False
+
+
+def _linear_chain(state: dict[str, torch.Tensor], prefix: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    idx = sorted(
+        int(m.group(1))
+        for k in state
+        if (m := re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", k)) is not None
+    )
+    return [(state[f"{prefix}{i}.weight"], state[f"{prefix}{i}.bias"]) for i in idx]
+
+
+def _features_prefix(state: dict[str, torch.Tensor], candidates: tuple[str, ...]) -> str:
+    for p in candidates:
+        if any(k.startswith(p) for k in state):
+            return p
+    return candidates[-1]
+
+
+def _actor_layers(
+    parts: SB3Parts,
+) -> tuple[str, list[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+    """(features prefix, hidden linears, output linear) of the deterministic actor / Q-network."""
+    s, algo = parts.state, parts.algo
+    if algo in ("ppo", "a2c"):
+        fx = _features_prefix(s, ("pi_features_extractor.", "features_extractor."))
+        hidden = _linear_chain(s, "mlp_extractor.policy_net.")
+        out = (s["action_net.weight"], s["action_net.bias"])
+    elif algo == "dqn":
+        fx = "q_net.features_extractor."
+        chain = _linear_chain(s, "q_net.q_net.")
+        hidden, out = chain[:-1], chain[-1]
+    elif algo == "sac":
+        fx = "actor.features_extractor."
+        hidden = _linear_chain(s, "actor.latent_pi.")
+        out = (s["actor.mu.weight"], s["actor.mu.bias"])
+    elif algo in ("td3", "ddpg"):
+        fx = "actor.features_extractor."
+        chain = _linear_chain(s, "actor.mu.")
+        hidden, out = chain[:-1], chain[-1]
+    else:
+        raise InputError(f"unsupported algorithm {algo!r}", f"supported: {', '.join(ALGOS)}")
+    return fx, hidden, out
+
+
+def policy_from_parts(
+    parts: SB3Parts,
+    base: PolicySpec,
+    vecnorm: VecNormStats | None = None,
+    extra_train: dict[str, Any] | None = None,
+) -> Policy:
+    """Rebuild the deterministic policy (actor or greedy Q-network) as a PolicyNet."""
+    try:
+        fx, hidden, out = _actor_layers(parts)
+    except KeyError as e:
+        raise InputError(
+            f"the {parts.algo.upper()} weights lack the layer {e}",
+            "is --algo right? the file may hold another algorithm's policy",
+        ) from None
+    s = parts.state
+    cnn = f"{fx}cnn.0.weight" in s
+    obs_space, act_space = base.observation_space, base.action_space
+    if act_space.is_discrete:
+        head = "argmax"
+    elif parts.algo in ("sac", "td3", "ddpg") or parts.squash_output:
+        head = "tanh_unscale"
+    else:
+        head = "clip"
+    arch = NetArch(
+        model="nature_cnn" if cnn else "mlp",
+        hidden=tuple(int(w.shape[0]) for w, _ in hidden),
+        activation=parts.activation,
+        out_dim=int(out[0].shape[0]),
+        head=head,
+        scale_uint8=bool(parts.normalize_images and obs_space.is_image),
+        obs_norm=vecnorm is not None,
+        norm_clip=float(vecnorm.clip_obs) if vecnorm else 10.0,
+        norm_eps=float(vecnorm.epsilon) if vecnorm else 1e-8,
+        cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
+    )
+    state: dict[str, torch.Tensor] = {}
+    if cnn:
+        for i in (0, 2, 4):
+            state[f"cnn.{i}.weight"] = s[f"{fx}cnn.{i}.weight"]
+            state[f"cnn.{i}.bias"] = s[f"{fx}cnn.{i}.bias"]
+        state["cnn_fc.0.weight"] = s[f"{fx}linear.0.weight"]
+        state["cnn_fc.0.bias"] = s[f"{fx}linear.0.bias"]
+    for j, (w, b) in enumerate(hidden):
+        state[f"mlp.{2 * j}.weight"], state[f"mlp.{2 * j}.bias"] = w, b
+    state["out.weight"], state["out.bias"] = out
+    spec = replace(
+        base, model=arch.model, graph_steps=arch.graph_steps(), train={**base.train, **(extra_train or {})}
+    )
+    policy = build_policy(spec, arch, None)
+    net_state = policy.net.state_dict()
+    for k in ("act_low", "act_high"):
+        if k in net_state:
+            state[k] = net_state[k]
+    if vecnorm is not None:
+        shape = tuple(obs_space.shape)
+        state["obs_mean"] = torch.as_tensor(np.asarray(vecnorm.mean, dtype=np.float32).reshape(shape))
+        state["obs_var"] = torch.as_tensor(np.asarray(vecnorm.var, dtype=np.float32).reshape(shape))
+    return build_policy(spec, arch, {k: v.detach().clone().float() for k, v in state.items()})
+
+
+def parts_from_model(model: Any, algo: str) -> SB3Parts:
+    """From a live SB3 model (our trainer)."""
+    pol = model.policy
+    act_fn = getattr(pol, "activation_fn", None) or getattr(
+        getattr(pol, "actor", None), "activation_fn", None
+    )
+    activation = _ACTIVATION_NAMES.get(getattr(act_fn, "__name__", ""), _DEFAULT_ACTIVATION[algo])
+    return SB3Parts(
+        algo=algo,
+        state={k: v.detach().cpu() for k, v in pol.state_dict().items()},
+        activation=activation,
+        normalize_images=bool(getattr(pol, "normalize_images", True)),
+        squash_output=bool(getattr(pol, "squash_output", False)) and algo in ("ppo", "a2c"),
+    )
+
+
+def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
+    """A PolicySpec with the env's real spaces (the env is made once to read them)."""
+    cfg = env_config(env_id)
+    env = make_env(cfg)
+    try:
+        obs, act = space_spec(env.observation_space), space_spec(env.action_space)
+    finally:
+        env.close()
+    return PolicySpec(
+        name=name, algo=algo, model="mlp", env=cfg, observation_space=obs, action_space=act, source=source
+    )
+
+
+# ---- SB3 / RL Zoo .zip import ------------------------------------------------------------------------
+
+
+def _algo_from_data(data: dict[str, Any]) -> str | None:
+    module = str(data.get("policy_class", {}).get("__module__", ""))
+    for name in ("sac", "td3", "dqn", "ddpg"):
+        if f".{name}." in module:
+            return name
+    if "common.policies" in module:
+        return "ppo" if "clip_range" in data else "a2c"
+    return None
+
+
+def _names_from_filename(path: Path) -> tuple[str | None, str | None]:
+    """RL Zoo names files ``{algo}-{EnvId}.zip`` (e.g. ppo-CartPole-v1.zip, dqn-PongNoFrameskip-v4.zip)."""
+    m = re.fullmatch(r"(ppo|a2c|dqn|ddpg|td3|sac)-(.+)", path.stem, flags=re.IGNORECASE)
+    return (m.group(1).lower(), m.group(2)) if m else (None, None)
+
+
+def _space_shape(d: dict[str, Any]) -> tuple[str, tuple[int, ...], int | None]:
+    kind = "discrete" if "Discrete" in str(d.get(":type:", "")) else "box"
+    shape = tuple(int(x) for x in re.findall(r"-?\d+", str(d.get("_shape", "[]"))))
+    n = int(d["n"]) if kind == "discrete" and "n" in d else None
+    return kind, shape, n
+
+
+def _check_space(name: str, stored: dict[str, Any] | None, actual: SpaceSpec, env_id: str) -> None:
+    if not stored:
+        return
+    kind, shape, n = _space_shape(stored)
+    if (
+        kind != actual.kind
+        or (kind == "box" and shape != tuple(actual.shape))
+        or (kind == "discrete" and n != actual.n)
+    ):
+        want = f"Discrete({n})" if kind == "discrete" else f"Box{list(shape)}"
+        got = f"Discrete({actual.n})" if actual.is_discrete else f"Box{list(actual.shape)}"
+        raise InputError(
+            f"the .zip's {name} space is {want} but {env_id!r} has {got}",
+            "pass the environment the model was trained on with --env",
+        )
+
+
+def load_sb3_zip(
+    path: str | Path,
+    env_id: str | None = None,
+    algo: str | None = None,
+    vecnormalize: str | Path | None = None,
+) -> Policy:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"policy file {str(path)!r} does not exist", "check the path")
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = set(z.namelist())
+            if "data" not in names or "policy.pth" not in names:
+                raise InputError(
+                    f"{str(path)!r} is not a Stable-Baselines3 model (no data/policy.pth inside)",
+                    "pass a .zip saved by SB3's model.save() or a quarl-edge checkpoint folder",
+                )
+            data = json.loads(z.read("data"))
+            state = torch.load(io.BytesIO(z.read("policy.pth")), map_location="cpu", weights_only=True)
+    except zipfile.BadZipFile:
+        raise IntegrityError(
+            f"{str(path)!r} is not a valid zip file", "re-download or re-save the model"
+        ) from None
+    except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        raise IntegrityError(
+            f"{str(path)!r} is damaged ({type(e).__name__}: {e})", "re-save the model"
+        ) from None
+    file_algo, file_env = _names_from_filename(path)
+    algo = (algo or _algo_from_data(data) or file_algo or "").lower()
+    if algo not in ALGOS:
+        raise InputError(f"cannot tell the algorithm of {str(path)!r}", f"pass --algo ({', '.join(ALGOS)})")
+    env_id = env_id or file_env
+    if not env_id:
+        raise InputError(
+            f"{str(path)!r} does not say which environment it was trained on", "pass --env ENV_ID"
+        )
+    env_id = resolve_id(env_id)
+    base = base_spec(env_id, algo, name=path.stem, source=f"sb3-zip:{path.name}")
+    _check_space("observation", data.get("observation_space"), base.observation_space, env_id)
+    _check_space("action", data.get("action_space"), base.action_space, env_id)
+    kwargs = data.get("policy_kwargs") or {}
+    act_name = re.search(r"\.(\w+)'>", str(kwargs.get("activation_fn", "")))
+    activation = _ACTIVATION_NAMES.get(act_name.group(1), "") if act_name else _DEFAULT_ACTIVATION[algo]
+    if not activation:
+        raise InputError(f"unsupported activation {kwargs.get('activation_fn')!r} in {str(path)!r}")
+    parts = SB3Parts(
+        algo=algo,
+        state=state,
+        activation=activation,
+        normalize_images=str(kwargs.get("normalize_images", True)) != "False",
+        squash_output=str(kwargs.get("squash_output", False)) == "True" and algo in ("ppo", "a2c"),
+    )
+    vn = load_vecnormalize(vecnormalize) if vecnormalize else None
+    if vn is not None and vn.mean.size != int(np.prod(base.observation_space.shape)):
+        raise InputError(
+            f"VecNormalize statistics have {vn.mean.size} values, the observation has "
+            f"{int(np.prod(base.observation_space.shape))}",
+            "pass the vecnormalize.pkl saved with this model",
+        )
+    train = {"num_timesteps": data.get("num_timesteps"), "imported_from": path.name}
+    return policy_from_parts(parts, base, vn, extra_train=train)
+
+
+class _Inert:
+    """Stands in for any non-numpy object in a VecNormalize pickle; keeps its state, runs no code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = {**(state[0] or {}), **state[1]}
+        self.__dict__["state"] = state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
+        return _Inert(*args)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    _NUMPY = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+    _INERT_MODULES = ("stable_baselines3", "gymnasium", "gym", "numpy.random", "collections", "copyreg")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._NUMPY:
+            return super().find_class(module, name)
+        if module == "builtins" and name in ("object", "set", "frozenset", "slice"):
+            return super().find_class(module, name)
+        if module.startswith(self._INERT_MODULES):
+            return _Inert
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _state(obj: Any) -> dict[str, Any]:
+    st = getattr(obj, "__dict__", {}).get("state")
+    return st if isinstance(st, dict) else {}
+
+
+def load_vecnormalize(path: str | Path) -> VecNormStats:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(
+            f"VecNormalize file {str(path)!r} does not exist",
+            "pass the vecnormalize.pkl saved with the model",
+        )
+    try:
+        with open(path, "rb") as f:
+            obj = _SafeUnpickler(f).load()
+        st = _state(obj)
+        rms = _state(st["obs_rms"])
+        if not st.get("norm_obs", True):
+            raise InputError(f"{str(path)!r} does not normalize observations", "omit --vecnormalize")
+        return VecNormStats(
+            mean=np.asarray(rms["mean"], dtype=np.float64),
+            var=np.asarray(rms["var"], dtype=np.float64),
+            clip_obs=float(st.get("clip_obs", 10.0)),
+            epsilon=float(st.get("epsilon", 1e-8)),
+        )
+    except (pickle.UnpicklingError, KeyError, EOFError, TypeError, AttributeError, ValueError) as e:
+        raise IntegrityError(
+            f"{str(path)!r} is not a readable VecNormalize file ({type(e).__name__}: {e})",
+            "pass the vecnormalize.pkl that SB3's VecNormalize.save() wrote",
+        ) from None

@@ -1,0 +1,224 @@
+"""Train an fp32 policy with Stable-Baselines3 and save it as a quarl-edge checkpoint.
+
+Reads top to bottom: config, env factory, defaults, the SB3 model, the loop (with a rich progress bar
+and periodic checkpoints), the deterministic evaluation, the save.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl_edge import __version__
+from quarl_edge.envs import entry, env_config, resolve_id
+from quarl_edge.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
+from quarl_edge.policies import Policy, save_checkpoint
+from quarl_edge.runtimes.envs import make_env, space_spec
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.spec import EnvConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    env: str
+    """gymnasium id (built-in registry or any registered id)"""
+    algo: str
+    """ppo, a2c, dqn, ddpg, td3 or sac"""
+    out: Path
+    """checkpoint folder"""
+    steps: int | None = None
+    """environment steps; None takes the per-env default"""
+    seed: int = 0
+    model: str | None = None
+    """mlp or nature_cnn; None takes the env's default"""
+    net_arch: tuple[int, ...] | None = None
+    """hidden layer sizes of the actor/critic MLP"""
+    eval_episodes: int = 10
+    checkpoint_every: int = 0
+    """save an intermediate checkpoint every N steps (0: only at the end)"""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """extra SB3 constructor arguments"""
+
+
+def validate(cfg: TrainConfig) -> EnvConfig:
+    """Cheap checks before any training starts; returns the env config."""
+    if cfg.algo not in ALGOS:
+        raise InputError(f"unknown algorithm {cfg.algo!r}", f"choose one of: {', '.join(ALGOS)}")
+    if cfg.steps is not None and cfg.steps <= 0:
+        raise InputError(f"--steps must be positive (got {cfg.steps})", "pass e.g. --steps 50000")
+    if cfg.model not in (None, "mlp", "nature_cnn"):
+        raise InputError(f"unknown model {cfg.model!r}", "choose mlp or nature_cnn")
+    env_cfg = env_config(cfg.env)
+    env = make_env(env_cfg)
+    try:
+        act = space_spec(env.action_space)
+        obs = space_spec(env.observation_space)
+    finally:
+        env.close()
+    if act.is_discrete and cfg.algo in CONTINUOUS_ONLY:
+        raise InputError(
+            f"{cfg.algo.upper()} needs continuous actions; {cfg.env} has discrete ones", "use ppo, a2c or dqn"
+        )
+    if not act.is_discrete and cfg.algo in DISCRETE_ONLY:
+        raise InputError(
+            f"DQN needs discrete actions; {cfg.env} has continuous ones", "use sac, td3, ddpg, ppo or a2c"
+        )
+    if cfg.model == "nature_cnn" and not obs.is_image:
+        raise InputError(
+            f"the Nature-CNN needs image observations; {cfg.env} has {list(obs.shape)}", "use --model mlp"
+        )
+    return env_cfg
+
+
+def _make_train_env(env_cfg: EnvConfig, atari: bool) -> Any:
+    from stable_baselines3.common.monitor import Monitor
+
+    def thunk() -> Any:
+        env: Any = Monitor(make_env(env_cfg))
+        if atari:  # reward clipping is a training aid only, not part of the deployed policy
+            from gymnasium.wrappers import TransformReward
+
+            env = TransformReward(env, lambda r: float(np.sign(r)))
+        return env
+
+    return thunk
+
+
+def _progress_callback(total: int, label: str) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class RichProgress(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("return {task.fields[ret]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(label, total=total, ret="-", completed=self.model.num_timesteps)
+
+        def _on_step(self) -> bool:
+            buf = self.model.ep_info_buffer
+            ret = f"{np.mean([e['r'] for e in buf]):.1f}" if buf else "-"
+            self.bar.update(self.task, completed=self.model.num_timesteps, ret=ret)
+            return True
+
+        def _on_training_end(self) -> None:
+            self.bar.stop()
+
+    return RichProgress()
+
+
+def _checkpoint_callback(every: int, save: Any) -> Any:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Periodic(BaseCallback):
+        def _on_step(self) -> bool:
+            if every and self.model.num_timesteps % every < self.model.n_envs:
+                save(self.model, final=False)
+            return True
+
+    return Periodic()
+
+
+def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> Any:
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    hp = dict(hp)
+    n_envs = int(hp.pop("n_envs", 1))
+    hp.pop("steps", None)
+    noise = hp.pop("action_noise", None)
+    ou = bool(hp.pop("ou_noise", False))
+    model_kind = cfg.model or entry(cfg.env).default_model
+    venv = make_vec_env(_make_train_env(env_cfg, env_cfg.family == "atari"), n_envs=n_envs, seed=cfg.seed)
+    if noise is not None and cfg.algo in ("td3", "ddpg", "sac"):
+        dim = int(np.prod(venv.action_space.shape or ()))
+        cls = OrnsteinUhlenbeckActionNoise if ou else NormalActionNoise
+        hp["action_noise"] = cls(mean=np.zeros(dim), sigma=float(noise) * np.ones(dim))
+    policy_kwargs = dict(hp.pop("policy_kwargs", {}))
+    if cfg.net_arch is not None:
+        policy_kwargs["net_arch"] = list(cfg.net_arch)
+    hp.update(cfg.overrides)
+    algo_cls = getattr(sb3, cfg.algo.upper())
+    policy = "CnnPolicy" if model_kind == "nature_cnn" else "MlpPolicy"
+    try:
+        return algo_cls(
+            policy, venv, seed=cfg.seed, policy_kwargs=policy_kwargs or None, verbose=0, device="cpu", **hp
+        )
+    except TypeError as e:
+        raise InputError(
+            f"bad hyperparameter for {cfg.algo.upper()}: {e}", "check --set NAME=VALUE options"
+        ) from None
+
+
+def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float, float, list[float]]:
+    """Deterministic returns of the torch policy on seeds seed0, seed0+1, ..."""
+    env = make_env(policy.spec.env)
+    returns = []
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=seed0 + i)
+            done, ret = False, 0.0
+            while not done:
+                obs, r, term, trunc, _ = env.step(policy.act(obs))
+                ret += float(r)
+                done = term or trunc
+            returns.append(ret)
+    finally:
+        env.close()
+    return float(np.mean(returns)), float(np.std(returns)), returns
+
+
+def train(cfg: TrainConfig) -> Policy:
+    import stable_baselines3 as sb3
+
+    from quarl_edge.sb3 import base_spec, parts_from_model, policy_from_parts
+
+    env_cfg = validate(cfg)
+    env_id = resolve_id(cfg.env)
+    hp = defaults(env_id, env_cfg.family, cfg.algo)
+    steps = int(cfg.steps or hp["steps"])
+    model = _build_model(cfg, env_cfg, hp)
+    base = base_spec(env_id, cfg.algo, name=cfg.out.name, source="quarl-edge train")
+    t0 = time.time()
+
+    def to_policy(m: Any, **train_info: Any) -> Policy:
+        info = {
+            "steps": int(m.num_timesteps),
+            "seed": cfg.seed,
+            "hyperparams": {
+                k: (v if isinstance(v, (int, float, str, bool, list, dict)) else str(v))
+                for k, v in hp.items()
+            },
+            "sb3_version": sb3.__version__,
+            "quarl_edge_version": __version__,
+            **train_info,
+        }
+        return policy_from_parts(parts_from_model(m, cfg.algo), base, extra_train=info)
+
+    def save(m: Any, final: bool) -> None:
+        if not final:
+            save_checkpoint(to_policy(m, partial=True, wall_s=round(time.time() - t0, 1)), cfg.out)
+
+    callbacks = [_progress_callback(steps, f"{cfg.algo.upper()} {env_id}")]
+    if cfg.checkpoint_every:
+        callbacks.append(_checkpoint_callback(cfg.checkpoint_every, save))
+    model.learn(total_timesteps=steps, callback=callbacks)
+    wall = time.time() - t0
+    policy = to_policy(model, wall_s=round(wall, 1))
+    if cfg.eval_episodes > 0:
+        mean, std, _ = evaluate(policy, cfg.eval_episodes)
+        policy = to_policy(model, wall_s=round(wall, 1), eval_return_mean=mean, eval_return_std=std,
+                           eval_episodes=cfg.eval_episodes)  # fmt: skip
+    save_checkpoint(policy, cfg.out)
+    return policy

@@ -1,0 +1,125 @@
+"""Device-side entry point: ``python -m quarl_edge.runtimes run|info ...``.
+
+Prints JSON lines on stdout (progress events, then one ``result``) so a host can drive a progress bar
+over a pipe or an SSH channel. argparse only: the device has numpy + one runtime, nothing else of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Any
+
+from .errors import QuarlError
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def _default(o: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN/inf (not valid JSON) by None, recursively."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def device_info() -> dict[str, Any]:
+    import importlib
+
+    info: dict[str, Any] = {
+        "uname": " ".join(platform.uname()),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cores": _cores(),
+        "runtimes": {},
+    }
+    for mod in ("numpy", "onnxruntime", "ai_edge_litert", "tflite_runtime", "gymnasium"):
+        try:
+            m = importlib.import_module(mod)
+            info["runtimes"][mod] = getattr(m, "__version__", "installed")
+        except Exception:  # any import failure means "not usable here"
+            info["runtimes"][mod] = None
+    return info
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.split(":")[0].strip().lower()
+                if key in ("model name", "hardware", "model"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m quarl_edge.runtimes")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="measure one model of a bundle; JSON lines on stdout")
+    r.add_argument("--bundle", required=True)
+    r.add_argument("--model", required=True)
+    r.add_argument("--seeds", default="", help="comma-separated episode seeds")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--trace", default=None)
+    r.add_argument("--latency-samples", type=int, default=1000)
+    r.add_argument("--warmup", type=int, default=50)
+    r.add_argument("--max-steps", type=int, default=None)
+    sub.add_parser("info", help="device facts as JSON")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "info":
+            _emit({"event": "info", **device_info()})
+            return 0
+        from .runner import run_model
+
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        result = run_model(
+            args.bundle,
+            args.model,
+            seeds=seeds,
+            threads=args.threads,
+            trace_path=args.trace,
+            latency_samples=args.latency_samples,
+            warmup=args.warmup,
+            max_steps=args.max_steps,
+            progress=lambda ev: _emit(_finite(ev)),
+        )
+        _emit({"event": "result", "result": _finite(result.to_dict())})
+        return 0
+    except QuarlError as e:
+        _emit({"event": "error", "kind": type(e).__name__, "message": str(e)})
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Runtime adapters by model format. Each adapter loads one model file and maps obs -> actions.
+
+Adapters register by format name; bench and gate never need format-specific code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .errors import InputError
+from .spec import SpaceSpec
+
+
+class ModelSession(Protocol):
+    format: str
+    runtime: str  # e.g. "onnxruntime 1.32.0"
+    input_shape: tuple[int | None, ...]
+    input_dtype: np.dtype
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for a batch of observations (leading batch dimension)."""
+        ...
+
+
+AdapterFactory = Callable[[Path, int], ModelSession]
+ADAPTERS: dict[str, AdapterFactory] = {}
+
+
+def register(fmt: str) -> Callable[[AdapterFactory], AdapterFactory]:
+    def deco(factory: AdapterFactory) -> AdapterFactory:
+        ADAPTERS[fmt] = factory
+        return factory
+
+    return deco
+
+
+def open_model(path: str | Path, fmt: str, threads: int = 1) -> ModelSession:
+    _load_builtin_adapters()
+    factory = ADAPTERS.get(fmt)
+    if factory is None:
+        raise InputError(
+            f"no runtime adapter for format {fmt!r}", f"known formats: {', '.join(sorted(ADAPTERS))}"
+        )
+    if threads < 1:
+        raise InputError(f"threads must be at least 1 (got {threads})", "pass --threads 1 or more")
+    return factory(Path(path), threads)
+
+
+def check_input(session: ModelSession, obs_space: SpaceSpec, path: Path) -> None:
+    """Refuse a model whose input does not fit the policy's observation space."""
+    want = tuple(obs_space.shape)
+    got = tuple(session.input_shape[1:])
+    if len(got) != len(want) or any(g is not None and g != w for g, w in zip(got, want, strict=True)):
+        raise InputError(
+            f"model {path.name!r} expects observations of shape {list(got)}, the policy's space is {list(want)}",
+            "the model belongs to another policy or environment; re-export the bundle",
+        )
+
+
+def _load_builtin_adapters() -> None:
+    # Imported lazily so a device with only one runtime installed can still load the other adapter's module.
+    from . import onnx  # noqa: F401

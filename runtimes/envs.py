@@ -1,0 +1,145 @@
+"""Build environments from an EnvConfig: the one implementation of non-graph preprocessing.
+
+Shared by the host (trainer, recorder, local bench) and the device runner. Imports gymnasium and numpy only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, MissingDependencyError
+from .spec import EnvConfig, SpaceSpec
+
+# Extra each optional module comes from, for the install hint.
+_EXTRA_FOR_MODULE = {"ale_py": "atari", "Box2D": "box2d", "mujoco": "mujoco"}
+
+
+def _atari_preprocessing(env: Any, **kw: Any) -> Any:
+    from gymnasium.wrappers import AtariPreprocessing
+
+    return AtariPreprocessing(env, **kw)
+
+
+def _frame_stack(env: Any, **kw: Any) -> Any:
+    from gymnasium.wrappers import FrameStackObservation
+
+    return FrameStackObservation(env, **kw)
+
+
+def _time_limit(env: Any, **kw: Any) -> Any:
+    from gymnasium.wrappers import TimeLimit
+
+    return TimeLimit(env, **kw)
+
+
+WRAPPERS: dict[str, Callable[..., Any]] = {
+    "atari_preprocessing": _atari_preprocessing,
+    "frame_stack": _frame_stack,
+    "time_limit": _time_limit,
+}
+
+
+def install_hint(module: str) -> str:
+    extra = _EXTRA_FOR_MODULE.get(module.split(".")[0])
+    if extra:
+        return f"install it with: pip install 'quarl-edge[{extra}]'"
+    return f"install the package that provides {module!r}"
+
+
+def import_env_modules(config: EnvConfig) -> None:
+    import gymnasium as gym
+
+    modules = list(config.imports)
+    if ":" in config.id:  # gymnasium's "module:EnvId" form registers custom environments on import
+        modules.append(config.id.split(":", 1)[0])
+    for name in modules:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            raise MissingDependencyError(
+                f"environment {config.id!r} needs the module {name!r} ({e})", install_hint(name)
+            ) from None
+        if name == "ale_py":
+            gym.register_envs(mod)
+
+
+def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
+    """Create the environment with its preprocessing wrappers, exactly as the policy was trained."""
+    import gymnasium as gym
+    from gymnasium import error as gym_error
+
+    import_env_modules(config)
+    kwargs = dict(config.make_kwargs)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    try:
+        env = gym.make(config.id, **kwargs)
+    except (gym_error.NameNotFound, gym_error.NamespaceNotFound, gym_error.VersionNotFound) as e:
+        raise InputError(
+            f"unknown environment id {config.id!r} ({e})",
+            "run `quarl-edge envs` for the built-in ids, or pass a gymnasium id like 'my_pkg.envs:MyEnv-v0'",
+        ) from None
+    except gym_error.DependencyNotInstalled as e:
+        raise MissingDependencyError(f"environment {config.id!r} cannot start: {e}", None) from None
+    except ImportError as e:
+        mod = getattr(e, "name", None) or str(e)
+        raise MissingDependencyError(f"environment {config.id!r} needs {mod!r}", install_hint(mod)) from None
+    for w in config.wrappers:
+        factory = WRAPPERS.get(w.name)
+        if factory is None:
+            raise InputError(
+                f"unknown wrapper {w.name!r} in the environment description",
+                f"known wrappers: {', '.join(sorted(WRAPPERS))}",
+            )
+        env = factory(env, **w.kwargs)
+    return env
+
+
+def _enc(v: float) -> float | str:
+    # JSON has no infinity; unbounded dimensions are written as "inf" / "-inf"
+    return float(v) if np.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+def _bound(values: np.ndarray) -> Any:
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return _enc(flat[0])
+    return [_enc(v) for v in flat]
+
+
+def space_spec(space: Any) -> SpaceSpec:
+    """Describe a gymnasium space as data (Box and Discrete only)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        if int(space.start) != 0:
+            raise InputError(
+                "Discrete spaces with a non-zero start are not supported", "wrap the env to start at 0"
+            )
+        return SpaceSpec(kind="discrete", shape=(), dtype="int64", n=int(space.n))
+    if isinstance(space, spaces.Box):
+        return SpaceSpec(
+            kind="box",
+            shape=tuple(int(s) for s in space.shape),
+            dtype=str(space.dtype),
+            low=_bound(space.low),
+            high=_bound(space.high),
+        )
+    raise InputError(
+        f"unsupported space {type(space).__name__}",
+        "quarl-edge handles Box and Discrete observation/action spaces; flatten dict/tuple spaces with a wrapper",
+    )
+
+
+def bounds(space: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Box bounds broadcast to the full shape, as float64 arrays."""
+
+    def full(v: Any) -> np.ndarray:
+        a = np.asarray([float(x) for x in v] if isinstance(v, list) else float(np.inf if v is None else v))
+        return np.broadcast_to(a, space.shape).copy() if a.ndim == 0 else a.reshape(space.shape)
+
+    return full(space.low), full(space.high)

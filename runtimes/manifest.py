@@ -1,0 +1,155 @@
+"""Bundle manifest: the versioned JSON that describes every file of a bundle and its sha256.
+
+A bundle is a folder: ``manifest.json``, one model file per variant, and optionally ``trace.npz``
+(recorded observations for agreement checks and on-device replay).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, IntegrityError
+from .fsutil import sha256_file
+from .spec import PolicySpec
+
+MANIFEST_NAME = "manifest.json"
+BUNDLE_FORMAT = "quarl-edge/bundle"
+BUNDLE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str  # e.g. "onnx-int8"
+    file: str
+    format: str  # "onnx" | "tflite"
+    precision: str  # "fp32" | "fp16" | "int8"
+    sha256: str
+    size_bytes: int
+    quantization: dict[str, Any] = field(default_factory=dict)
+    io: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "file": self.file,
+            "format": self.format,
+            "precision": self.precision,
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "quantization": self.quantization,
+            "io": self.io,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    policy: PolicySpec
+    models: tuple[ModelEntry, ...]
+    calibration: dict[str, Any] | None = None
+    trace: dict[str, Any] | None = None
+    created: str = ""
+    tool_version: str = ""
+
+    def model(self, name: str) -> ModelEntry:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise InputError(
+            f"bundle has no model {name!r}",
+            f"models in this bundle: {', '.join(m.name for m in self.models)}",
+        )
+
+    def reference(self) -> ModelEntry | None:
+        """The fp32 model the others are compared against (first fp32 model)."""
+        return next((m for m in self.models if m.precision == "fp32"), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": BUNDLE_FORMAT,
+            "schema_version": BUNDLE_VERSION,
+            "created": self.created,
+            "tool_version": self.tool_version,
+            "policy": self.policy.to_dict(),
+            "calibration": self.calibration,
+            "trace": self.trace,
+            "models": [m.to_dict() for m in self.models],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        if d.get("format") != BUNDLE_FORMAT:
+            raise InputError(
+                "manifest.json is not a quarl-edge bundle manifest", "export one with `quarl-edge export`"
+            )
+        if int(d.get("schema_version", 0)) > BUNDLE_VERSION:
+            raise InputError("bundle manifest is newer than this quarl-edge", "upgrade quarl-edge")
+        try:
+            models = tuple(
+                ModelEntry(
+                    name=str(m["name"]),
+                    file=str(m["file"]),
+                    format=str(m["format"]),
+                    precision=str(m["precision"]),
+                    sha256=str(m["sha256"]),
+                    size_bytes=int(m["size_bytes"]),
+                    quantization=dict(m.get("quantization") or {}),
+                    io=dict(m.get("io") or {}),
+                )
+                for m in d["models"]
+            )
+            return cls(
+                policy=PolicySpec.from_dict(d["policy"]),
+                models=models,
+                calibration=d.get("calibration"),
+                trace=d.get("trace"),
+                created=str(d.get("created", "")),
+                tool_version=str(d.get("tool_version", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(
+                f"malformed bundle manifest (bad or missing field {e})", "re-export the bundle"
+            ) from None
+
+
+def _check_file(bundle: Path, rel: str, expected: str, what: str) -> Path:
+    path = (bundle / rel).resolve()
+    if bundle.resolve() not in path.parents:
+        raise IntegrityError(f"manifest names a file outside the bundle: {rel!r}", "re-export the bundle")
+    if not path.is_file():
+        raise IntegrityError(f"bundle file {rel!r} ({what}) is missing", "re-export the bundle")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise IntegrityError(
+            f"sha256 mismatch for {rel!r} ({what}): manifest {expected[:12]}, file {actual[:12]}",
+            "the file was modified or damaged; re-export the bundle",
+        )
+    return path
+
+
+def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] | None = None) -> Manifest:
+    """Read ``bundle/manifest.json`` and check the sha256 of every file it names (or of ``models``)."""
+    bundle = Path(bundle)
+    path = bundle / MANIFEST_NAME
+    if not path.is_file():
+        raise InputError(
+            f"{str(bundle)!r} is not a bundle (no {MANIFEST_NAME})", "create one with `quarl-edge export`"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"{str(path)!r} is not valid JSON ({e})", "re-export the bundle") from None
+    manifest = Manifest.from_dict(data)
+    if verify:
+        for m in manifest.models:
+            if models is None or m.name in models:
+                _check_file(bundle, m.file, m.sha256, m.name)
+        if manifest.trace:
+            _check_file(bundle, manifest.trace["file"], manifest.trace["sha256"], "trace")
+    return manifest
+
+
+def model_path(bundle: str | Path, entry: ModelEntry) -> Path:
+    return Path(bundle) / entry.file

@@ -1,0 +1,59 @@
+"""ONNX Runtime adapter (CPU execution provider, explicit thread count)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .adapters import register
+from .errors import IntegrityError, MissingDependencyError
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+    "tensor(int64)": np.int64,
+    "tensor(double)": np.float64,
+}
+
+
+class OnnxSession:
+    format = "onnx"
+
+    def __init__(self, path: Path, threads: int = 1) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise MissingDependencyError(
+                "onnxruntime is not installed", "install it with: pip install onnxruntime"
+            ) from None
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        try:
+            self._sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own pybind exception types for bad files
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise IntegrityError(
+                f"{path.name!r} is not a loadable ONNX model ({first[:200]})", "re-export the bundle"
+            ) from None
+        inp = self._sess.get_inputs()[0]
+        self._input_name = inp.name
+        self._output_name = self._sess.get_outputs()[0].name
+        self.input_shape = tuple(d if isinstance(d, int) else None for d in inp.shape)
+        self.input_dtype = np.dtype(_ORT_TYPES.get(inp.type, np.float32))
+        self.runtime = f"onnxruntime {ort.__version__}"
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        feed = {self._input_name: np.ascontiguousarray(obs, dtype=self.input_dtype)}
+        return self._sess.run([self._output_name], feed)[0]
+
+
+@register("onnx")
+def _open(path: Path, threads: int) -> OnnxSession:
+    return OnnxSession(path, threads)

@@ -1,0 +1,273 @@
+"""Run one model of a bundle: act, closed-loop episodes on given seeds, trace replay, latency.
+
+Device side: imports numpy, the model's runtime and gymnasium only (never torch or TensorFlow).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .adapters import ModelSession, check_input, open_model
+from .envs import make_env
+from .errors import InputError
+from .manifest import Manifest, ModelEntry, load_manifest, model_path
+from .trace import Trace, load_trace
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class EpisodeResult:
+    seed: int
+    ret: float
+    length: int
+    nonfinite_obs: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LatencyStats:
+    count: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    mean_us: float
+    std_us: float
+    min_us: float
+    max_us: float
+    throughput_per_s: float
+
+    @classmethod
+    def from_ns(cls, samples_ns: np.ndarray) -> LatencyStats:
+        us = samples_ns.astype(np.float64) / 1e3
+        mean = float(us.mean())
+        return cls(
+            count=int(us.size),
+            p50_us=float(np.percentile(us, 50)),
+            p90_us=float(np.percentile(us, 90)),
+            p99_us=float(np.percentile(us, 99)),
+            mean_us=mean,
+            std_us=float(us.std()),
+            min_us=float(us.min()),
+            max_us=float(us.max()),
+            throughput_per_s=1e6 / mean if mean > 0 else math.inf,
+        )
+
+
+@dataclass
+class ReplayResult:
+    actions: np.ndarray
+    nonfinite_obs: int
+    valid: np.ndarray  # rows whose observation was finite and therefore evaluated
+
+
+@dataclass
+class ModelRun:
+    """Everything measured for one model; the JSON form goes into the bench report."""
+
+    model: str
+    format: str
+    precision: str
+    runtime: str
+    threads: int
+    size_bytes: int
+    load_ms: float
+    first_inference_ms: float
+    latency: LatencyStats | None = None
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    replay_actions: list[Any] | None = None
+    replay_nonfinite_obs: int = 0
+    peak_rss_mb: float = 0.0
+    torch_imported: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["episodes"] = [asdict(e) for e in self.episodes]
+        return d
+
+
+def peak_rss_mb() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+class PolicyRunner:
+    """One model of a bundle, loaded with an explicit thread count, ready to act."""
+
+    def __init__(
+        self, bundle: str | Path, model: str, threads: int = 1, manifest: Manifest | None = None
+    ) -> None:
+        self.bundle = Path(bundle)
+        self.manifest = manifest or load_manifest(self.bundle, models=[model])
+        self.entry: ModelEntry = self.manifest.model(model)
+        self.spec = self.manifest.policy
+        self.threads = threads
+        t0 = time.perf_counter_ns()
+        self.session: ModelSession = open_model(
+            model_path(self.bundle, self.entry), self.entry.format, threads
+        )
+        self.load_ns = time.perf_counter_ns() - t0
+        check_input(self.session, self.spec.observation_space, model_path(self.bundle, self.entry))
+        self._obs_dtype = np.dtype(self.spec.observation_space.dtype)
+        self.first_inference_ns: int | None = None
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        if self.first_inference_ns is None:
+            t0 = time.perf_counter_ns()
+            out = self.session.run(obs)
+            self.first_inference_ns = time.perf_counter_ns() - t0
+            return out
+        return self.session.run(obs)
+
+    def act(self, obs: np.ndarray) -> Any:
+        """The environment action for one observation."""
+        out = self.act_batch(np.asarray(obs)[None])[0]
+        if self.spec.action_space.is_discrete:
+            return int(out)
+        return out.astype(np.float32)
+
+    def episodes(
+        self, seeds: Sequence[int], max_steps: int | None = None, progress: Progress | None = None
+    ) -> list[EpisodeResult]:
+        env = make_env(self.spec.env)
+        results = []
+        try:
+            for seed in seeds:
+                results.append(self._episode(env, int(seed), max_steps))
+                if progress:
+                    progress({"event": "episode", "model": self.entry.name, **asdict(results[-1])})
+        finally:
+            env.close()
+        return results
+
+    def _episode(self, env: Any, seed: int, max_steps: int | None) -> EpisodeResult:
+        obs, _ = env.reset(seed=seed)
+        ret, steps, nonfinite = 0.0, 0, 0
+        try:
+            while True:
+                obs = np.asarray(obs)
+                if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
+                    nonfinite += 1
+                obs, reward, terminated, truncated, _ = env.step(self.act(obs))
+                ret += float(reward)
+                steps += 1
+                if terminated or truncated or (max_steps is not None and steps >= max_steps):
+                    break
+        except Exception as e:  # a broken episode is reported, the bench goes on
+            return EpisodeResult(seed, ret, steps, nonfinite, error=f"{type(e).__name__}: {e}")
+        return EpisodeResult(seed, ret, steps, nonfinite)
+
+    def replay(self, trace: Trace) -> ReplayResult:
+        """Actions for every recorded observation; non-finite observations are skipped and counted."""
+        obs = trace.obs
+        if tuple(obs.shape[1:]) != tuple(self.spec.observation_space.shape):
+            raise InputError(
+                f"trace observations have shape {list(obs.shape[1:])}, "
+                f"the policy expects {list(self.spec.observation_space.shape)}",
+                "use a trace recorded on this policy's environment",
+            )
+        flat = obs.reshape(obs.shape[0], -1)
+        valid = np.all(np.isfinite(flat), axis=1) if obs.dtype.kind == "f" else np.ones(obs.shape[0], bool)
+        act_shape = self.spec.action_space.shape
+        dtype = np.int64 if self.spec.action_space.is_discrete else np.float32
+        actions = np.full((obs.shape[0], *act_shape), -1 if dtype == np.int64 else np.nan, dtype=dtype)
+        for i in np.flatnonzero(valid):
+            actions[i] = self.act_batch(obs[i : i + 1])[0]
+        return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
+
+    def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
+        """Single-observation latency, cycling through ``observations``, after ``warmup`` runs."""
+        flat = observations.reshape(observations.shape[0], -1)
+        if observations.dtype.kind == "f":
+            observations = observations[np.all(np.isfinite(flat), axis=1)]
+        if observations.shape[0] == 0:
+            raise InputError(
+                "no finite observations to time the model on", "record a trace with finite observations"
+            )
+        batches = [
+            np.ascontiguousarray(observations[i : i + 1]) for i in range(min(observations.shape[0], 256))
+        ]
+        for i in range(warmup):
+            self.act_batch(batches[i % len(batches)])
+        out = np.empty(samples, dtype=np.int64)
+        clock = time.perf_counter_ns
+        run = self.session.run
+        for i in range(samples):
+            b = batches[i % len(batches)]
+            t0 = clock()
+            run(b)
+            out[i] = clock() - t0
+        return LatencyStats.from_ns(out)
+
+
+def sample_observations(runner: PolicyRunner, n: int = 64, seed: int = 0) -> np.ndarray:
+    """Observations from the environment itself, for timing when no trace is given."""
+    env = make_env(runner.spec.env)
+    try:
+        obs, _ = env.reset(seed=seed)
+        out = []
+        for _ in range(n):
+            out.append(np.asarray(obs))
+            obs, _, term, trunc, _ = env.step(env.action_space.sample())
+            if term or trunc:
+                obs, _ = env.reset()
+        return np.stack(out)
+    finally:
+        env.close()
+
+
+def run_model(
+    bundle: str | Path,
+    model: str,
+    *,
+    seeds: Sequence[int],
+    threads: int = 1,
+    trace_path: str | Path | None = None,
+    latency_samples: int = 1000,
+    warmup: int = 50,
+    max_steps: int | None = None,
+    progress: Progress | None = None,
+) -> ModelRun:
+    """Measure one model: load, first inference, latency, episodes on ``seeds``, trace replay."""
+    runner = PolicyRunner(bundle, model, threads)
+    trace = None
+    if trace_path is not None:
+        trace = load_trace(trace_path)
+    elif runner.manifest.trace:
+        trace = load_trace(Path(bundle) / runner.manifest.trace["file"])
+    obs_for_timing = trace.obs if trace is not None else sample_observations(runner)
+    runner.act_batch(np.ascontiguousarray(obs_for_timing[:1]))  # first inference, timed
+    result = ModelRun(
+        model=runner.entry.name,
+        format=runner.entry.format,
+        precision=runner.entry.precision,
+        runtime=runner.session.runtime,
+        threads=threads,
+        size_bytes=runner.entry.size_bytes,
+        load_ms=runner.load_ns / 1e6,
+        first_inference_ms=(runner.first_inference_ns or 0) / 1e6,
+    )
+    if latency_samples > 0:
+        result.latency = runner.latency(obs_for_timing, latency_samples, warmup)
+        if progress:
+            progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
+    if trace is not None:
+        rep = runner.replay(trace)
+        result.replay_actions = [
+            a.tolist() if ok else None for a, ok in zip(rep.actions, rep.valid, strict=True)
+        ]
+        result.replay_nonfinite_obs = rep.nonfinite_obs
+    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress)
+    result.peak_rss_mb = peak_rss_mb()
+    result.torch_imported = "torch" in sys.modules or "tensorflow" in sys.modules
+    return result

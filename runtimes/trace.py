@@ -1,0 +1,140 @@
+"""Recorded rollouts (calibration data and replay traces): one .npz of plain arrays, no pickle.
+
+Arrays: ``obs`` [N, *obs_shape], ``actions`` [N, *act_shape], ``rewards`` [N], ``dones`` [N] (episode
+ended after this step), ``episode_ids`` [N], ``seeds`` [E]; ``meta`` is a JSON string and
+``content_sha256`` hashes every array (name, dtype, shape, bytes) so a load can prove the content is
+what was recorded, whatever the zip container looks like.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, IntegrityError
+from .fsutil import atomic_write_bytes
+
+TRACE_FORMAT = "quarl-edge/trace"
+TRACE_VERSION = 1
+_ARRAYS = ("obs", "actions", "rewards", "dones", "episode_ids", "seeds")
+
+
+@dataclass(frozen=True)
+class Trace:
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    dones: np.ndarray
+    episode_ids: np.ndarray
+    seeds: np.ndarray
+    meta: dict[str, Any]
+    sha256: str
+
+    @property
+    def samples(self) -> int:
+        return int(self.obs.shape[0])
+
+    @property
+    def episodes(self) -> int:
+        return int(self.seeds.shape[0])
+
+    def episode_returns(self) -> np.ndarray:
+        ids = self.episode_ids.astype(np.int64)
+        return np.bincount(ids, weights=self.rewards.astype(np.float64), minlength=self.episodes)
+
+    def subsample(self, max_samples: int, seed: int = 0) -> Trace:
+        """An evenly spread subset of at most ``max_samples`` steps (for bundles and replays)."""
+        if self.samples <= max_samples:
+            return self
+        idx = np.sort(np.random.default_rng(seed).choice(self.samples, size=max_samples, replace=False))
+        arrays = {k: getattr(self, k)[idx] for k in ("obs", "actions", "rewards", "dones", "episode_ids")}
+        meta = dict(self.meta, subsampled_from=self.sha256, subsample_size=int(max_samples))
+        return make_trace(seeds=self.seeds, meta=meta, **arrays)
+
+
+def content_hash(arrays: dict[str, np.ndarray], meta_json: str) -> str:
+    h = hashlib.sha256()
+    for name in _ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    h.update(meta_json.encode())
+    return h.hexdigest()
+
+
+def make_trace(
+    *,
+    obs: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    dones: np.ndarray,
+    episode_ids: np.ndarray,
+    seeds: np.ndarray,
+    meta: dict[str, Any],
+) -> Trace:
+    arrays = {
+        "obs": np.asarray(obs),
+        "actions": np.asarray(actions),
+        "rewards": np.asarray(rewards, dtype=np.float32),
+        "dones": np.asarray(dones, dtype=bool),
+        "episode_ids": np.asarray(episode_ids, dtype=np.int32),
+        "seeds": np.asarray(seeds, dtype=np.int64),
+    }
+    n = arrays["obs"].shape[0]
+    for k in ("actions", "rewards", "dones", "episode_ids"):
+        if arrays[k].shape[0] != n:
+            raise InputError(f"trace arrays disagree in length ({k}: {arrays[k].shape[0]} vs obs: {n})")
+    meta = dict(meta, format=TRACE_FORMAT, version=TRACE_VERSION, samples=int(n))
+    meta_json = json.dumps(meta, sort_keys=True)
+    return Trace(meta=meta, sha256=content_hash(arrays, meta_json), **arrays)
+
+
+def save_trace(trace: Trace, path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix != ".npz":
+        raise InputError(f"trace file {str(path)!r} must end in .npz", "pick an output name like calib.npz")
+    meta_json = json.dumps(trace.meta, sort_keys=True)
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf,
+        **{k: getattr(trace, k) for k in _ARRAYS},
+        meta=np.array(meta_json),
+        content_sha256=np.array(trace.sha256),
+    )
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def load_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"trace file {str(path)!r} does not exist", "record one with `quarl-edge record`")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in _ARRAYS}
+            meta_json = str(z["meta"][()])
+            stored = str(z["content_sha256"][()])
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise IntegrityError(
+            f"{str(path)!r} is not a readable quarl-edge trace ({type(e).__name__}: {e})",
+            "re-record it with `quarl-edge record`",
+        ) from None
+    actual = content_hash(arrays, meta_json)
+    if actual != stored:
+        raise IntegrityError(
+            f"trace {str(path)!r} content hash mismatch (stored {stored[:12]}, actual {actual[:12]})",
+            "the file was modified or damaged; re-record it with `quarl-edge record`",
+        )
+    meta = json.loads(meta_json)
+    if meta.get("format") != TRACE_FORMAT:
+        raise IntegrityError(
+            f"{str(path)!r} is not a quarl-edge trace", "record one with `quarl-edge record`"
+        )
+    return Trace(meta=meta, sha256=stored, **arrays)
