@@ -82,7 +82,7 @@ def _make_train_env(env_cfg: EnvConfig, atari: bool) -> Any:
         if atari:  # reward clipping is a training aid only, not part of the deployed policy
             from gymnasium.wrappers import TransformReward
 
-            env = TransformReward(env, lambda r: float(np.sign(r)))
+            env = TransformReward(env, lambda r: float(np.sign(float(r))))
         return env
 
     return thunk
