@@ -169,6 +169,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     if cfg.calibration_method == "percentile":
         extra["CalibPercentile"] = cfg.percentile
     dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
+    logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer logs advice to the root logger
     quantize_static(
         str(pre),
         str(path),

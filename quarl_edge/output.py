@@ -45,7 +45,8 @@ def info(msg: str) -> None:
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # one line, whatever the terminal width: CI log parsers and `tail -1` read it as a whole
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

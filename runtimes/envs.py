@@ -95,7 +95,13 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
                 f"unknown wrapper {w.name!r} in the environment description",
                 f"known wrappers: {', '.join(sorted(WRAPPERS))}",
             )
-        env = factory(env, **w.kwargs)
+        try:
+            env = factory(env, **w.kwargs)
+        except gym_error.DependencyNotInstalled as e:
+            raise MissingDependencyError(
+                f"the {w.name} preprocessing of {config.id!r} cannot start: {e}",
+                "install it with: pip install 'quarl-edge[atari]'" if config.family == "atari" else None,
+            ) from None
     return env
 
 

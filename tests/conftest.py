@@ -42,7 +42,9 @@ CliRun = Callable[..., subprocess.CompletedProcess[str]]
 def cli(tmp_path: Path) -> CliRun:
     """Run `quarl-edge ARGS...` as a real subprocess in tmp_path; returns the CompletedProcess."""
 
-    def run(*args: str | Path, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str | Path, timeout: float = 600, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
         return subprocess.run(
             [sys.executable, "-m", "quarl_edge.cli", *map(str, args)],
@@ -57,7 +59,9 @@ def cli(tmp_path: Path) -> CliRun:
 
 
 @pytest.fixture(scope="session")
-def cartpole_bundle(tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path) -> Path:
+def cartpole_bundle(
+    tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
+) -> Path:
     """fp32 + fp16 + int8 ONNX bundle of the shipped CartPole PPO (exported once per session)."""
     from quarl_edge.export import BundleRequest, export_bundle
     from quarl_edge.policies import load_checkpoint
