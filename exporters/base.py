@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from quarl_edge.runtimes.errors import InputError
 
 from quarl_edge.policies import Policy
+from quarl_edge.runtimes.errors import InputError
 
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 
@@ -26,6 +26,8 @@ class ExportConfig:
     max_calibration_samples: int = 2000
     """calibration observations used at most (evenly subsampled)"""
     opset: int = 18
+    float_io_layers: bool = True
+    """keep the output layer (and, for vector observations, the input layer) in float; see exporters/onnx.py"""
 
     def __post_init__(self) -> None:
         if self.calibration_method not in CALIBRATION_METHODS:

@@ -175,6 +175,9 @@ def export(
     per_channel: Annotated[
         bool | None, typer.Option("--per-channel/--per-tensor", help="default: per-channel for CNNs")
     ] = None,
+    full_int8: Annotated[
+        bool, typer.Option("--full-int8", help="quantize the input and output layers too")
+    ] = False,
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
@@ -185,7 +188,12 @@ def export(
     from quarl_edge.exporters.base import ExportConfig, resolve_targets
     from quarl_edge.loading import load_policy
 
-    cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel)
+    cfg = ExportConfig(
+        calibration_method=method.lower(),
+        percentile=percentile,
+        per_channel=per_channel,
+        float_io_layers=not full_int8,
+    )
     targets = tuple(resolve_targets(to))
     pol = load_policy(policy, env, algo, vecnormalize)
     if calibration is None:
@@ -223,18 +231,22 @@ def bench(
     """Latency, size, memory and paired-seed reward drift of every model in a bundle."""
     from quarl_edge.bench import BenchConfig
     from quarl_edge.bench import bench as run_bench
+    from quarl_edge.devices.profiles import load_profile, transport_for
     from quarl_edge.report import COLUMNS, rows, write_report
     from quarl_edge.runtimes.errors import InputError
     from quarl_edge.runtimes.manifest import load_manifest
 
-    if device != "local":
-        raise InputError(f"unknown device {device!r}", "known devices: local")
+    profile = load_profile(device)
+    transport = transport_for(profile)
     if out is not None and out.suffix != ".json":
         raise InputError(f"--out {str(out)!r} must end in .json", "e.g. --out reports/policy.json")
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=threads, latency_samples=latency_samples,
                       max_steps=max_steps, models=tuple(models.split(",")) if models else None, trace=trace)  # fmt: skip
     manifest = load_manifest(bundle)
-    report = _bench_with_progress(run_bench, bundle, cfg, len(cfg.models or manifest.models))
+    device_info = {"name": profile.name, "transport": profile.transport, "emulated": False}
+    report = _bench_with_progress(
+        run_bench, bundle, cfg, len(cfg.models or manifest.models), device_info, transport
+    )
     for m in report["models"]:
         for w in m["warnings"]:
             info(f"[yellow]warning:[/] {m['name']}: {w}")
@@ -252,7 +264,7 @@ def bench(
         info(f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%")
 
 
-def _bench_with_progress(run_bench, bundle, cfg, n_models):  # type: ignore[no-untyped-def]
+def _bench_with_progress(run_bench, bundle, cfg, n_models, device, transport):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from quarl_edge.output import err
@@ -266,7 +278,7 @@ def _bench_with_progress(run_bench, bundle, cfg, n_models):  # type: ignore[no-u
             if ev.get("event") in ("episode", "latency"):
                 bar.update(task, advance=1, description=f"bench {ev.get('model', '')}")
 
-        return run_bench(bundle, cfg, progress=on_event)
+        return run_bench(bundle, cfg, device=device, transport=transport, progress=on_event)
 
 
 @app.command()
