@@ -83,6 +83,9 @@ def train(
     net_arch: Annotated[str | None, typer.Option("--net-arch", help="hidden sizes, e.g. 64,64")] = None,
     eval_episodes: Annotated[int, typer.Option("--eval-episodes")] = 10,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="save every N steps")] = 0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the last checkpoint in --out")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Train an fp32 policy (Stable-Baselines3) and save a quarl-edge checkpoint."""
@@ -99,7 +102,7 @@ def train(
                 f"--net-arch {net_arch!r} is not a list of sizes", "e.g. --net-arch 64,64"
             ) from None
     cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, seed=seed, model=model, net_arch=arch,
-                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every)  # fmt: skip
+                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every, resume=resume)  # fmt: skip
     policy = run_train(cfg)
     t = policy.spec.train
     if as_json:

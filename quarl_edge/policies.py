@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,8 +201,13 @@ def _weights_bytes(net: nn.Module) -> bytes:
     return buf.getvalue()
 
 
-def save_checkpoint(policy: Policy, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``policy.json`` + ``weights.npz`` atomically (the folder appears complete or not at all)."""
+def save_checkpoint(
+    policy: Policy, out_dir: str | Path, extra: dict[str, Any] | None = None, keep: tuple[str, ...] = ()
+) -> Path:
+    """Write ``policy.json`` + ``weights.npz`` atomically (the folder appears complete or not at all).
+
+    ``keep`` names entries of an existing ``out_dir`` carried over into the new one (e.g. resume state).
+    """
     out_dir = Path(out_dir)
     weights = _weights_bytes(policy.net)
     meta = {
@@ -213,6 +219,9 @@ def save_checkpoint(policy: Policy, out_dir: str | Path, extra: dict[str, Any] |
         "extra": {**policy.extra, **(extra or {})},
     }
     with atomic_directory(out_dir) as tmp:
+        for name in keep:
+            if (out_dir / name).exists():
+                os.replace(out_dir / name, tmp / name)
         atomic_write_bytes(tmp / "weights.npz", weights)
         atomic_write_bytes(tmp / "policy.json", (json.dumps(meta, indent=2) + "\n").encode())
     return out_dir

@@ -6,6 +6,7 @@ and periodic checkpoints), the deterministic evaluation, the save.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ class TrainConfig:
     """save an intermediate checkpoint every N steps (0: only at the end)"""
     overrides: dict[str, Any] = field(default_factory=dict)
     """extra SB3 constructor arguments"""
+    resume: bool = False
+    """continue from the last checkpoint's resume state in ``out/resume/`` up to ``steps``"""
 
 
 def validate(cfg: TrainConfig) -> EnvConfig:
@@ -129,6 +132,15 @@ def _checkpoint_callback(every: int, save: Any) -> Any:
     return Periodic()
 
 
+RESUME_DIR = "resume"
+RESUME_FILE = "sb3_model.zip"
+
+
+def resume_path(out: Path) -> Path:
+    # SB3's own save format (it pickles some fields); written and read only by this trainer, to resume.
+    return out / RESUME_DIR / RESUME_FILE
+
+
 def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> Any:
     import stable_baselines3 as sb3
     from stable_baselines3.common.env_util import make_vec_env
@@ -150,6 +162,11 @@ def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> An
         policy_kwargs["net_arch"] = list(cfg.net_arch)
     hp.update(cfg.overrides)
     algo_cls = getattr(sb3, cfg.algo.upper())
+    if cfg.resume:
+        model = algo_cls.load(resume_path(cfg.out), env=venv, device="cpu")
+        if hasattr(model, "learning_starts"):  # the replay buffer is not saved: refill some before updates
+            model.learning_starts = model.num_timesteps + min(int(hp.get("learning_starts", 100)), 10_000)
+        return model
     policy = "CnnPolicy" if model_kind == "nature_cnn" else "MlpPolicy"
     try:
         return algo_cls(
@@ -185,6 +202,11 @@ def train(cfg: TrainConfig) -> Policy:
     from quarl_edge.sb3 import base_spec, parts_from_model, policy_from_parts
 
     env_cfg = validate(cfg)
+    if cfg.resume and not resume_path(cfg.out).is_file():
+        raise InputError(
+            f"nothing to resume in {str(cfg.out)!r} (no {RESUME_DIR}/{RESUME_FILE})",
+            "train without --resume, with --checkpoint-every N so it can be resumed later",
+        )
     env_id = resolve_id(cfg.env)
     hp = defaults(env_id, env_cfg.family, cfg.algo)
     steps = int(cfg.steps or hp["steps"])
@@ -206,19 +228,32 @@ def train(cfg: TrainConfig) -> Policy:
         }
         return policy_from_parts(parts_from_model(m, cfg.algo), base, extra_train=info)
 
+    def save_resume(m: Any) -> None:
+        tmp = resume_path(cfg.out).with_suffix(".tmp.zip")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        m.save(tmp)
+        os.replace(tmp, resume_path(cfg.out))
+
     def save(m: Any, final: bool) -> None:
         if not final:
-            save_checkpoint(to_policy(m, partial=True, wall_s=round(time.time() - t0, 1)), cfg.out)
+            save_checkpoint(
+                to_policy(m, partial=True, wall_s=round(time.time() - t0, 1)), cfg.out, keep=(RESUME_DIR,)
+            )
+            save_resume(m)
 
     callbacks = [_progress_callback(steps, f"{cfg.algo.upper()} {env_id}")]
     if cfg.checkpoint_every:
         callbacks.append(_checkpoint_callback(cfg.checkpoint_every, save))
-    model.learn(total_timesteps=steps, callback=callbacks)
+    remaining = steps - int(model.num_timesteps)
+    if remaining > 0:
+        model.learn(total_timesteps=remaining, callback=callbacks, reset_num_timesteps=not cfg.resume)
     wall = time.time() - t0
     policy = to_policy(model, wall_s=round(wall, 1))
     if cfg.eval_episodes > 0:
         mean, std, _ = evaluate(policy, cfg.eval_episodes)
         policy = to_policy(model, wall_s=round(wall, 1), eval_return_mean=mean, eval_return_std=std,
                            eval_episodes=cfg.eval_episodes)  # fmt: skip
-    save_checkpoint(policy, cfg.out)
+    save_checkpoint(policy, cfg.out, keep=(RESUME_DIR,))
+    if cfg.checkpoint_every:
+        save_resume(model)
     return policy
