@@ -7,6 +7,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from quarl_edge import __version__
 from quarl_edge.exporters.base import (
     EXPORTERS,
@@ -17,6 +19,7 @@ from quarl_edge.exporters.base import (
 )
 from quarl_edge.policies import Policy
 from quarl_edge.record import RecordConfig, check_trace_fits, record
+from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
@@ -47,6 +50,12 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
     targets = resolve_targets(list(req.targets))  # cheap validation before any expensive step
     calib = _calibration(policy, req)
     calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
+    if calib_obs.dtype.kind == "f":  # NaN/inf rows would poison the calibrated ranges
+        calib_obs = calib_obs[np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)]
+    if len(calib_obs) == 0 and any(t in NEEDS_CALIBRATION for t in targets):
+        raise InputError(
+            "the calibration data has no finite observations", "record it again with `quarl-edge record`"
+        )
     entries: list[ModelEntry] = []
     with tempfile.TemporaryDirectory(prefix="quarl-export-") as work, atomic_directory(req.out) as tmp:
         for name in targets:

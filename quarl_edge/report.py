@@ -14,7 +14,7 @@ COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "dr
 
 
 def _f(x: Any, fmt: str = "{:.2f}", none: str = "-") -> str:
-    return none if x is None else fmt.format(x)
+    return none if x is None else fmt.format(x + 0.0)  # + 0.0 turns -0.0 into 0.0
 
 
 def rows(report: dict[str, Any]) -> list[list[str]]:
@@ -34,7 +34,7 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 _f(m.get("speedup_p50_vs_ref"), "{:.2f}x"),
                 f"{_f(rew.get('mean'), '{:.1f}')} ± {_f(rew.get('std'), '{:.1f}')}",
                 "ref" if m["name"] == report["reference"] else _f(drift.get("reward_drop_pct"), "{:+.2f}%"),
-                "" if None in ci else f"[{-100 * ci[1]:+.2f}%, {-100 * ci[0]:+.2f}%]",
+                "" if None in ci else f"[{-100 * ci[1] + 0.0:+.2f}%, {-100 * ci[0] + 0.0:+.2f}%]",
                 _f(agree.get("value"), "{:.3f}", ""),
             ]
         )

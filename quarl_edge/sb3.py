@@ -11,7 +11,9 @@ import io
 import json
 import pickle
 import re
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -253,7 +255,16 @@ def load_sb3_zip(
         raise IntegrityError(
             f"{str(path)!r} is not a valid zip file", "re-download or re-save the model"
         ) from None
-    except (json.JSONDecodeError, pickle.UnpicklingError, RuntimeError, EOFError) as e:
+    # ValueError covers bad JSON and bad UTF-8; torch.load on damaged bytes also raises the others
+    except (
+        ValueError,
+        pickle.UnpicklingError,
+        RuntimeError,
+        EOFError,
+        IndexError,
+        struct.error,
+        zlib.error,
+    ) as e:
         raise IntegrityError(
             f"{str(path)!r} is damaged ({type(e).__name__}: {e})", "re-save the model"
         ) from None

@@ -1,0 +1,320 @@
+"""Bench (library and CLI) on the shipped CartPole bundle, the CI gate on its report, and `demo`."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quarl_edge.bench import BenchConfig, bench, local_transport
+from quarl_edge.report import write_report
+
+MODELS = ("onnx-fp32", "onnx-fp16", "onnx-int8")
+REF = "onnx-fp32"
+LATENCY_KEYS = ("p50_us", "p90_us", "p99_us", "mean_us", "std_us", "count")
+CFG = BenchConfig(episodes=3, latency_samples=200)
+
+
+def _no_nan(text: str) -> Any:
+    """Parse strict JSON: NaN / Infinity are not JSON and must never reach a report."""
+
+    def bad(const: str) -> Any:
+        raise AssertionError(f"non-JSON constant {const} in the report")
+
+    return json.loads(text, parse_constant=bad)
+
+
+def check_report(report: dict[str, Any], episodes: int, latency_samples: int) -> None:
+    """Every field the README promises, for every model of the bundle."""
+    assert report["format"] == "quarl-edge/report"
+    assert report["reference"] == REF
+    assert report["bundle"]["policy"] == "cartpole-ppo"
+    assert report["bundle"]["env"] == "CartPole-v1"
+    assert len(report["bundle"]["manifest_sha256"]) == 64
+    seeds = report["settings"]["seeds"]
+    assert len(seeds) == episodes and len(set(seeds)) == episodes
+    assert [m["name"] for m in report["models"]] == list(MODELS)
+    for m in report["models"]:
+        lat = m["latency"]
+        for k in LATENCY_KEYS:
+            assert k in lat, (m["name"], k)
+        assert lat["count"] == latency_samples
+        assert 0 < lat["p50_us"] <= lat["p90_us"] <= lat["p99_us"]
+        assert lat["mean_us"] > 0 and lat["std_us"] >= 0
+        assert m["load_ms"] > 0
+        assert m["first_inference_ms"] > 0
+        assert m["size_bytes"] > 0
+        assert m["peak_rss_mb"] > 0
+        rew = m["reward"]
+        assert rew["episodes"] == episodes
+        assert len(rew["per_episode"]) == len(seeds)
+        assert all(isinstance(r, float) and r > 0 for r in rew["per_episode"])
+        assert rew["mean"] == pytest.approx(sum(rew["per_episode"]) / episodes)
+        assert m["warnings"] == []
+        if m["name"] == REF:
+            assert m["drift"] is None and m["agreement"] is None
+            continue
+        drift = m["drift"]
+        assert drift["paired_episodes"] == episodes
+        for k in ("abs", "rel", "reward_drop_pct"):
+            assert isinstance(drift[k], float) and math.isfinite(drift[k]), (m["name"], k)
+        for k in ("abs_ci95", "rel_ci95"):
+            lo, hi = drift[k]
+            assert lo <= hi
+        ref_mean = report["models"][0]["reward"]["mean"]
+        assert drift["abs"] == pytest.approx(rew["mean"] - ref_mean)
+        assert drift["reward_drop_pct"] == pytest.approx(-100.0 * drift["rel"])
+        agree = m["agreement"]
+        assert agree["metric"] == "exact_match_rate"  # CartPole: discrete actions
+        assert 0.8 <= agree["value"] <= 1.0
+        assert agree["samples"] > 0
+    # smaller files for the quantized models
+    sizes = {m["name"]: m["size_bytes"] for m in report["models"]}
+    assert sizes["onnx-int8"] < sizes["onnx-fp32"] and sizes["onnx-fp16"] < sizes["onnx-fp32"]
+
+
+@pytest.fixture(scope="module")
+def lib_bench(cartpole_bundle: Path) -> tuple[dict[str, Any], dict[str, list[int]], dict[str, list[str]]]:
+    """bench() through the real local transport; also records the seeds each runner actually played."""
+    played: dict[str, list[int]] = {}
+    args_seen: dict[str, list[str]] = {}
+
+    def recording_transport(bundle: Path, args: list[str]):  # type: ignore[no-untyped-def]
+        model = args[args.index("--model") + 1]
+        args_seen[model] = args
+        for ev in local_transport(bundle, args):
+            if ev.get("event") == "episode":
+                played.setdefault(model, []).append(ev["seed"])
+            yield ev
+
+    report = bench(cartpole_bundle, CFG, transport=recording_transport)
+    return report, played, args_seen
+
+
+@pytest.fixture(scope="module")
+def report_file(lib_bench: tuple[dict[str, Any], Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "r.json"
+    write_report(lib_bench[0], path)
+    return path
+
+
+def _edited(report_file: Path, tmp_path: Path, edit: Any, name: str = "edited.json") -> Path:
+    data = json.loads(report_file.read_text())
+    edit(data)
+    out = tmp_path / name
+    out.write_text(json.dumps(data))
+    return out
+
+
+def _model(data: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(m for m in data["models"] if m["name"] == name)
+
+
+# --- bench -----------------------------------------------------------------------------------------
+
+
+def test_bench_library_report(lib_bench: tuple[dict[str, Any], Any, Any]) -> None:
+    report, _, _ = lib_bench
+    check_report(report, episodes=3, latency_samples=200)
+    assert report["settings"]["seeds"] == [1000, 1001, 1002]
+    assert report["device"]["name"] == "local"
+
+
+def test_bench_plays_the_same_seeds_for_every_model(lib_bench: tuple[dict[str, Any], Any, Any]) -> None:
+    report, played, args_seen = lib_bench
+    assert set(played) == set(MODELS)
+    for model in MODELS:
+        assert played[model] == report["settings"]["seeds"], model
+        assert args_seen[model][args_seen[model].index("--seeds") + 1] == "1000,1001,1002"
+
+
+def test_bench_cli_writes_json_and_markdown(cli: Any, cartpole_bundle: Path, tmp_path: Path) -> None:
+    p = cli(
+        "bench", "--bundle", cartpole_bundle, "--episodes", "3", "--latency-samples", "200", "--out", "r.json"
+    )
+    assert p.returncode == 0, p.stderr
+    js, md = tmp_path / "r.json", tmp_path / "r.md"
+    assert js.is_file() and md.is_file()
+    report = _no_nan(js.read_text())
+    check_report(report, episodes=3, latency_samples=200)
+    text = md.read_text()
+    assert text.startswith("# quarl-edge bench: cartpole-ppo")
+    assert "| model | size | p50 us |" in text
+    for name in MODELS:
+        assert f"| {name} |" in text
+    # the human table goes to stdout, the next step hint to stderr
+    assert "onnx-int8" in p.stdout
+    assert "quarl-edge gate" in p.stderr
+    assert not list(tmp_path.glob(".r.*"))  # no temp files left beside the report
+
+
+def test_bench_cli_json_prints_only_json(cli: Any, cartpole_bundle: Path, tmp_path: Path) -> None:
+    p = cli("bench", "--bundle", cartpole_bundle, "--episodes", "2", "--latency-samples", "100", "--json")
+    assert p.returncode == 0, p.stderr
+    report = _no_nan(p.stdout)  # the whole of stdout is one JSON document
+    check_report(report, episodes=2, latency_samples=100)
+    assert "┃" not in p.stdout
+
+
+def test_bench_cli_model_subset_keeps_the_reference(cli: Any, cartpole_bundle: Path) -> None:
+    p = cli(
+        "bench", "--bundle", cartpole_bundle, "--episodes", "1", "--latency-samples", "50",
+        "--models", "onnx-int8", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert [m["name"] for m in report["models"]] == ["onnx-fp32", "onnx-int8"]
+    assert _model(report, "onnx-int8")["drift"]["paired_episodes"] == 1
+
+
+# --- gate ------------------------------------------------------------------------------------------
+
+
+def test_gate_passes_on_a_good_report(cli: Any, report_file: Path) -> None:
+    p = cli("gate", report_file)
+    assert p.returncode == 0, p.stderr
+    assert "PASS" in p.stderr
+    assert "onnx-int8" in p.stdout and "reward_drop" in p.stdout
+
+
+@pytest.mark.parametrize("limit", ["2%", "2", " 2 % "])
+def test_gate_accepts_percent_with_or_without_sign(cli: Any, report_file: Path, limit: str) -> None:
+    p = cli("gate", report_file, "--max-reward-drop", limit, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["passed"] is True
+    drops = [c for c in out["checks"] if c["name"] == "reward_drop"]
+    assert {c["model"] for c in drops} == {"onnx-fp16", "onnx-int8"}  # never the reference
+    assert all(c["limit"] == 2.0 for c in drops)
+
+
+def test_gate_fails_on_p99_latency(cli: Any, report_file: Path, tmp_path: Path) -> None:
+    junit, md = tmp_path / "junit.xml", tmp_path / "gate.md"
+    p = cli("gate", report_file, "--max-p99-ms", "0.000001", "--junit", junit, "--markdown", md)
+    assert p.returncode == 1, p.stderr
+    for name in MODELS:
+        assert f"FAIL {name}: p99" in p.stderr
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites"
+    cases = root.findall(".//testcase")
+    # 3 latency checks (reference included) + 2 reward checks
+    assert len(cases) == 5
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert {(c.get("classname"), c.get("name")) for c in failed} == {(n, "p99_latency") for n in MODELS}
+    assert root.get("failures") == "3"
+    text = md.read_text()
+    assert text.startswith("## quarl-edge gate: FAIL")
+    assert "| model | check | value | limit | result |" in text
+    assert text.count("**FAIL**") == 3
+
+
+def test_gate_fails_on_reward_drop_and_names_the_model(cli: Any, report_file: Path, tmp_path: Path) -> None:
+    def worse(data: dict[str, Any]) -> None:
+        _model(data, "onnx-int8")["drift"]["reward_drop_pct"] = 5.0
+
+    bad = _edited(report_file, tmp_path, worse)
+    junit = tmp_path / "junit.xml"
+    p = cli("gate", bad, "--max-reward-drop", "2%", "--junit", junit)
+    assert p.returncode == 1, p.stderr
+    fails = [line for line in p.stderr.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1
+    assert "onnx-int8" in fails[0] and "5.00%" in fails[0] and "over by 3.00" in fails[0]
+    assert "PASS" not in p.stderr
+    root = ET.parse(junit).getroot()
+    failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
+    assert [(c.get("classname"), c.get("name")) for c in failed] == [("onnx-int8", "reward_drop")]
+    assert "onnx-int8" in failed[0].find("failure").get("message")  # type: ignore[union-attr]
+    # a looser threshold lets the same report pass
+    assert cli("gate", bad, "--max-reward-drop", "6").returncode == 0
+
+
+def test_gate_fails_on_agreement(cli: Any, report_file: Path) -> None:
+    p = cli("gate", report_file, "--min-agreement", "1.0", "--json")
+    # int8 does not match fp32 on every recorded observation of CartPole (fp16 does)
+    int8_agree = _model(json.loads(report_file.read_text()), "onnx-int8")["agreement"]["value"]
+    out = json.loads(p.stdout)
+    checks = {(c["model"], c["name"]): c for c in out["checks"]}
+    assert checks[("onnx-int8", "agreement")]["value"] == pytest.approx(int8_agree)
+    assert p.returncode == (1 if int8_agree < 1.0 else 0)
+    assert out["passed"] is (int8_agree >= 1.0)
+
+
+def test_gate_junit_on_a_passing_report(cli: Any, report_file: Path, tmp_path: Path) -> None:
+    junit, md = tmp_path / "out" / "junit.xml", tmp_path / "gate.md"
+    p = cli("gate", report_file, "--junit", junit, "--markdown", md)
+    assert p.returncode == 0, p.stderr
+    root = ET.parse(junit).getroot()
+    cases = list(root.iter("testcase"))
+    assert len(cases) == 2 and all(c.find("failure") is None for c in cases)
+    assert root.get("failures") == "0"
+    assert md.read_text().startswith("## quarl-edge gate: PASS")
+
+
+def _assert_error(p: Any) -> str:
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    assert "Traceback" not in p.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "expect"),
+    [
+        ("no-drift", lambda d: _model(d, "onnx-int8").pop("drift"), "drift"),
+        ("no-latency", lambda d: _model(d, "onnx-fp16").pop("latency"), "latency"),
+        ("no-models", lambda d: d.pop("models"), "models"),
+        ("empty-models", lambda d: d.update(models=[]), "no models"),
+        ("no-reference", lambda d: d.update(reference="onnx-bf16"), "reference"),
+        ("not-a-report", lambda d: d.update(format="something/else"), "not a quarl-edge bench report"),
+    ],
+)
+def test_gate_exit_2_on_a_report_missing_fields(
+    cli: Any, report_file: Path, tmp_path: Path, case: str, edit: Any, expect: str
+) -> None:
+    bad = _edited(report_file, tmp_path, edit, f"{case}.json")
+    junit = tmp_path / "junit.xml"
+    line = _assert_error(cli("gate", bad, "--junit", junit))
+    assert expect in line
+    assert not junit.exists()
+
+
+def test_gate_exit_2_on_non_json_and_missing_file(cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "notjson.json").write_text("this is not JSON {")
+    assert "not valid JSON" in _assert_error(cli("gate", "notjson.json"))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert "not a quarl-edge bench report" in _assert_error(cli("gate", "list.json"))
+    assert "does not exist" in _assert_error(cli("gate", "missing.json"))
+
+
+def test_gate_exit_2_on_bad_thresholds(cli: Any, report_file: Path) -> None:
+    assert "percentage" in _assert_error(cli("gate", report_file, "--max-reward-drop", "two"))
+    assert "--min-agreement" in _assert_error(cli("gate", report_file, "--min-agreement", "1.5"))
+    assert "--max-p99-ms" in _assert_error(cli("gate", report_file, "--max-p99-ms", "0"))
+
+
+def test_gate_does_not_modify_the_report(cli: Any, report_file: Path, tmp_path: Path) -> None:
+    before = report_file.read_bytes()
+    cli("gate", report_file, "--max-p99-ms", "0.000001")
+    assert report_file.read_bytes() == before
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+
+def test_demo_exports_benches_and_gates(cli: Any, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    p = cli("demo", "--out", out, "--episodes", "5")
+    assert p.returncode == 0, p.stderr
+    assert "onnx-int8" in p.stdout and "onnx-fp32" in p.stdout and "reward" in p.stdout
+    assert "3/3 gate" in p.stderr and "FAIL" not in p.stderr
+    for f in ("report.json", "report.md", "junit.xml", "gate.md", "bundle/manifest.json"):
+        assert (out / f).is_file(), f
+    report = _no_nan((out / "report.json").read_text())
+    check_report(report, episodes=5, latency_samples=1000)
+    root = ET.parse(out / "junit.xml").getroot()
+    assert root.get("failures") == "0" and len(list(root.iter("testcase"))) == 2
