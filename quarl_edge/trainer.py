@@ -107,11 +107,16 @@ def _progress_callback(total: int, label: str) -> Any:
             )
             self.bar.start()
             self.task = self.bar.add_task(label, total=total, ret="-", completed=self.model.num_timesteps)
+            self.last_log = time.monotonic()
 
         def _on_step(self) -> bool:
             buf = self.model.ep_info_buffer
             ret = f"{np.mean([e['r'] for e in buf]):.1f}" if buf else "-"
             self.bar.update(self.task, completed=self.model.num_timesteps, ret=ret)
+            if not self.bar.console.is_terminal and time.monotonic() - self.last_log > 60:
+                # logs and CI have no live bar: a line a minute instead
+                self.last_log = time.monotonic()
+                self.bar.console.print(f"{label}: {self.model.num_timesteps}/{total} steps, return {ret}")
             return True
 
         def _on_training_end(self) -> None:
