@@ -194,14 +194,13 @@ def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
 
 def _algo_from_data(data: dict[str, Any]) -> str | None:
     module = str(data.get("policy_class", {}).get("__module__", ""))
+    # SB3's DDPG is TD3 with policy_delay=1 and target noise clipped to 0, sharing TD3's policy class
     if (
         ".td3." in module
         and str(data.get("policy_delay")) == "1"
-        and str(data.get("target_policy_noise")) in ("0", "0.0")
+        and str(data.get("target_noise_clip")) in ("0", "0.0")
     ):
-        return (
-            "ddpg"  # SB3's DDPG is TD3 with policy_delay=1 and no target noise, and shares its policy class
-        )
+        return "ddpg"
     for name in ("sac", "td3", "dqn", "ddpg"):
         if f".{name}." in module:
             return name
