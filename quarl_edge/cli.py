@@ -333,6 +333,45 @@ def demo(
     raise typer.Exit(code)
 
 
+study_app = typer.Typer(help="The paper's experiments: tables and plots.", no_args_is_help=True)
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("ptq")
+@handle_errors
+def study_ptq(
+    suite: Annotated[str, typer.Option("--suite", help="quick (CI) or paper (every zoo policy)")] = "quick",
+    episodes: Annotated[int | None, typer.Option("--episodes", help="paired episodes per variant")] = None,
+    bits: Annotated[str | None, typer.Option("--bits", help="weight-only bit widths, e.g. 2,3,4,8")] = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="comma-separated zoo names")] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="folder for ptq.md/.csv/.json and PNG plots")] = Path(
+        "out/study-ptq"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
+    """PTQ of every zoo policy: fp32, fp16, int8 ONNX/TFLite and weight-only 2..8 bits, same seeds."""
+    from quarl_edge.runtimes.errors import InputError
+    from quarl_edge.study.ptq import COLUMNS as STUDY_COLUMNS
+    from quarl_edge.study.ptq import StudyConfig, run_study, table_rows, write_outputs
+
+    try:
+        bit_list = tuple(int(b) for b in bits.split(",")) if bits else None
+    except ValueError:
+        raise InputError(f"--bits {bits!r} is not a list of integers", "e.g. --bits 2,4,8") from None
+    cfg = StudyConfig(suite=suite, episodes=episodes, bits=bit_list, address=address, out=out,
+                      policies=tuple(policies.split(",")) if policies else None)  # fmt: skip
+    study = run_study(cfg, progress=info)
+    files = write_outputs(study, out)
+    if as_json:
+        print_json(study)
+        return
+    table(f"PTQ study ({suite}), {study['episodes']} paired episodes", STUDY_COLUMNS, table_rows(study))
+    info("wrote " + ", ".join(str(f) for f in files))
+
+
 def main() -> None:
     app()
 

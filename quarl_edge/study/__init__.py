@@ -1,0 +1,1 @@
+"""The paper's experiments as commands: PTQ across policies x precisions (ptq.py), plots (plots.py)."""

@@ -1,0 +1,387 @@
+"""`quarl-edge study ptq`: every zoo policy at fp32, fp16, int8 ONNX, int8 TFLite and weight-only n-bit
+(n = 2..8) on the same paired seeds; Markdown, CSV, JSON and PNG plots.
+
+Each (policy, variant) evaluation is a Ray task (local Ray by default, a cluster with ``address``).
+Runtime variants run through the device runner (runtimes/), torch variants through the PolicyNet.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.stats import mean_ci95, mean_std
+from quarl_edge.zoo import ZooEntry, suite
+
+RUNTIME_VARIANTS = ("onnx-fp16", "onnx-int8", "tflite-int8")
+DRIFT_LIMIT_PCT = 2.0
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    suite: str = "quick"
+    episodes: int | None = None
+    """paired episodes per variant (default: 5 for quick, 20 for paper)"""
+    bits: tuple[int, ...] | None = None
+    """weight-only bit widths (default: 2, 4, 8 for quick, 2..8 for paper)"""
+    seed: int = 2000
+    address: str | None = None
+    """Ray cluster address; None starts a local Ray"""
+    num_cpus: int | None = None
+    out: Path = Path("out/study-ptq")
+    policies: tuple[str, ...] | None = None
+    """restrict to these zoo names"""
+
+    def __post_init__(self) -> None:
+        if self.suite not in ("quick", "paper"):
+            raise InputError(f"unknown suite {self.suite!r}", "choose quick or paper")
+        if self.episodes is not None and self.episodes < 2:
+            raise InputError(
+                "--episodes must be at least 2 (a confidence interval needs two)", "e.g. --episodes 20"
+            )
+        for b in self.bits or ():
+            if not 2 <= b <= 8:
+                raise InputError(f"bit width {b} out of range", "weight-only bits are 2..8")
+
+    @property
+    def n_episodes(self) -> int:
+        return self.episodes or (5 if self.suite == "quick" else 20)
+
+    @property
+    def bit_list(self) -> tuple[int, ...]:
+        return self.bits or ((2, 4, 8) if self.suite == "quick" else (2, 3, 4, 5, 6, 7, 8))
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.n_episodes))
+
+
+@dataclass
+class Row:
+    policy: str
+    env: str
+    algo: str
+    variant: str
+    bits: int | None
+    returns: list[float] = field(default_factory=list)
+    skipped: str | None = None
+
+    def summary(self, fp32: list[float] | None, rand: list[float] | None) -> dict[str, Any]:
+        d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
+                             "bits": self.bits, "skipped": self.skipped}  # fmt: skip
+        if self.skipped or not self.returns:
+            return d
+        m, s = mean_std(self.returns)
+        d.update(mean=m, std=s, episodes=len(self.returns), returns=self.returns)
+        if fp32:
+            f_mean = float(np.mean(fp32))
+            diffs = [b - a for a, b in zip(fp32, self.returns, strict=True)]
+            dm, lo, hi = mean_ci95(diffs)
+            scale = abs(f_mean) if f_mean else 1.0
+            d.update(drop_pct=-100 * dm / scale, drop_ci95_pct=[-100 * hi / scale, -100 * lo / scale])
+            if rand:
+                r_mean = float(np.mean(rand))
+                d["normalized"] = (m - r_mean) / (f_mean - r_mean) if f_mean != r_mean else math.nan
+        return d
+
+
+# ---- evaluation (runs inside Ray tasks) ---------------------------------------------------------------
+
+
+def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[int]) -> list[float]:
+    import torch
+
+    from quarl_edge.policies import load_checkpoint
+    from quarl_edge.quant import quantize_weights
+    from quarl_edge.runtimes.envs import make_env
+
+    torch.set_num_threads(1)
+    policy = load_checkpoint(policy_dir)
+    if bits is not None:
+        policy = quantize_weights(policy, bits)
+    env = make_env(policy.spec.env)
+    rng = np.random.default_rng(0)
+    out = []
+    try:
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            done, ret = False, 0.0
+            while not done:
+                action = env.action_space.sample() if variant == "random" else policy.act(obs)
+                obs, r, term, trunc, _ = env.step(action)
+                ret += float(r)
+                done = term or trunc
+            out.append(ret)
+            rng.random()
+    finally:
+        env.close()
+    return out
+
+
+def _returns_runtime(bundle: str, model: str, seeds: list[int]) -> list[float]:
+    from quarl_edge.runtimes.runner import PolicyRunner
+
+    runner = PolicyRunner(bundle, model, threads=1)
+    return [e.ret for e in runner.episodes(seeds)]
+
+
+def evaluate_task(kind: str, target: str, variant: str, bits: int | None, seeds: list[int]) -> dict[str, Any]:
+    """One evaluation; returns {"returns": [...]} or {"skipped": reason}. Never raises for user errors."""
+    try:
+        if kind == "torch":
+            return {"returns": _returns_torch(target, variant, bits, seeds)}
+        return {"returns": _returns_runtime(target, variant, seeds)}
+    except QuarlError as e:
+        return {"skipped": str(e)}
+    except ImportError as e:
+        return {"skipped": f"not installed: {e}"}
+
+
+# ---- driver -------------------------------------------------------------------------------------------
+
+
+def _export(entry: ZooEntry, work: Path) -> tuple[Path | None, dict[str, str]]:
+    """Bundle with every runtime variant that can be exported here; reasons for the others."""
+    from quarl_edge.export import BundleRequest, export_bundle
+    from quarl_edge.exporters.base import EXPORTERS, load_builtin
+    from quarl_edge.policies import load_checkpoint
+
+    load_builtin()
+    skipped: dict[str, str] = {}
+    targets = ["onnx-fp32"]
+    for v in RUNTIME_VARIANTS:
+        if v in EXPORTERS:
+            targets.append(v)
+        else:
+            skipped[v] = f"exporter {v} not available (install quarl-edge[tflite])"
+    calib = entry.calibration if entry.calibration.is_file() else None
+    out = work / entry.name
+    export_bundle(
+        load_checkpoint(entry.path), BundleRequest(out=out, targets=tuple(targets), calibration=calib)
+    )
+    return out, skipped
+
+
+def _check_entry(entry: ZooEntry) -> str | None:
+    from quarl_edge.envs import env_config
+    from quarl_edge.runtimes.envs import make_env
+
+    if not (entry.path / "policy.json").is_file():
+        return f"zoo file missing: {entry.path.name}/policy.json"
+    try:
+        make_env(env_config(entry.env)).close()
+    except QuarlError as e:
+        return f"environment not available: {e}"
+    return None
+
+
+def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError(
+            "the study runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
+        ) from None
+    entries = suite(cfg.suite)
+    if cfg.policies:
+        known = {e.name for e in entries}
+        unknown = [p for p in cfg.policies if p not in known]
+        if unknown:
+            raise InputError(
+                f"no zoo policy {unknown[0]!r} in suite {cfg.suite}", f"known: {', '.join(sorted(known))}"
+            )
+        entries = [e for e in entries if e.name in cfg.policies]
+    seeds = cfg.seeds
+    rows: list[Row] = []
+    pending: list[tuple[Row, Any]] = []
+    started_ray = False
+    with tempfile.TemporaryDirectory(prefix="quarl-study-") as work:
+        if not ray.is_initialized():
+            ray.init(address=cfg.address, num_cpus=None if cfg.address else cfg.num_cpus,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+            started_ray = True
+        try:
+            task = ray.remote(num_cpus=1)(evaluate_task)
+            for entry in entries:
+
+                def row(variant: str, bits: int | None = None, e: ZooEntry = entry) -> Row:
+                    return Row(e.name, e.env, e.algo, variant, bits)
+
+                reason = _check_entry(entry)
+                if reason:
+                    rows.append(Row(entry.name, entry.env, entry.algo, "all", None, skipped=reason))
+                    if progress:
+                        progress(f"skip {entry.name}: {reason}")
+                    continue
+                if progress:
+                    progress(f"export {entry.name}")
+                try:
+                    bundle, skipped = _export(entry, Path(work))
+                except QuarlError as e:
+                    bundle, skipped = None, {v: f"export failed: {e}" for v in RUNTIME_VARIANTS}
+                for variant, bits in [("fp32", None), ("random", None)] + [
+                    (f"w{b}", b) for b in cfg.bit_list
+                ]:
+                    r = row(variant, bits)
+                    pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds)))
+                for v in RUNTIME_VARIANTS:
+                    r = row(v, 16 if v.endswith("fp16") else 8)
+                    if v in skipped or bundle is None:
+                        r.skipped = skipped.get(v, "export failed")
+                        rows.append(r)
+                    else:
+                        pending.append((r, task.remote("runtime", str(bundle), v, None, seeds)))
+            for i, (r, ref) in enumerate(pending):
+                res = ray.get(ref)
+                r.returns, r.skipped = res.get("returns", []), res.get("skipped")
+                rows.append(r)
+                if progress:
+                    progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
+        finally:
+            if started_ray:
+                ray.shutdown()
+    return summarize(rows, cfg)
+
+
+def _order(r: Row) -> tuple[int, int]:
+    fixed = {"fp32": 0, "onnx-fp16": 1, "onnx-int8": 2, "tflite-int8": 3, "random": 20, "all": 30}
+    return (fixed.get(r.variant, 10), -(r.bits or 0))
+
+
+def summarize(rows: list[Row], cfg: StudyConfig) -> dict[str, Any]:
+    by_policy: dict[str, dict[str, Row]] = {}
+    for r in sorted(rows, key=_order):
+        by_policy.setdefault(r.policy, {})[r.variant] = r
+    results = []
+    for variants in by_policy.values():
+        fp32 = variants.get("fp32")
+        rand = variants.get("random")
+        ref = fp32.returns if fp32 and not fp32.skipped else None
+        rnd = rand.returns if rand and not rand.skipped else None
+        for r in variants.values():
+            results.append(r.summary(ref if r.variant != "fp32" else None, rnd))
+    findings = []
+    for policy in by_policy:
+        ok_bits = [
+            s["bits"] for s in results
+            if s["policy"] == policy and s["variant"].startswith("w") and "drop_pct" in s
+            and s["drop_pct"] <= DRIFT_LIMIT_PCT
+        ]  # fmt: skip
+        int8 = {
+            s["variant"]: s.get("drop_pct")
+            for s in results
+            if s["policy"] == policy and s["variant"] in RUNTIME_VARIANTS
+        }
+        findings.append(
+            {"policy": policy, "sweet_spot_bits": min(ok_bits) if ok_bits else None, "drop_pct": int8}
+        )
+    return {
+        "format": "quarl-edge/study-ptq",
+        "version": 1,
+        "suite": cfg.suite,
+        "episodes": cfg.n_episodes,
+        "seeds": cfg.seeds,
+        "bits": list(cfg.bit_list),
+        "drift_limit_pct": DRIFT_LIMIT_PCT,
+        "results": results,
+        "findings": findings,
+    }
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+COLUMNS = ("policy", "variant", "mean", "std", "drop %", "drop 95% CI", "normalized", "note")
+
+
+def table_rows(study: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for s in study["results"]:
+        if s.get("skipped"):
+            rows.append([s["policy"], s["variant"], "-", "-", "-", "-", "-", f"skipped: {s['skipped']}"])
+            continue
+        ci = s.get("drop_ci95_pct")
+        rows.append([
+            s["policy"], s["variant"], f"{s['mean']:.1f}", f"{s['std']:.1f}",
+            "ref" if s["variant"] == "fp32" else f"{s.get('drop_pct', math.nan) + 0.0:+.2f}",
+            f"[{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}]" if ci and all(map(math.isfinite, ci)) else "",
+            f"{s['normalized']:.3f}" if s.get("normalized") is not None and math.isfinite(s["normalized"]) else "",
+            "",
+        ])  # fmt: skip
+    return rows
+
+
+def markdown(study: dict[str, Any]) -> str:
+    lines = [
+        f"# PTQ study ({study['suite']} suite)",
+        "",
+        f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}); "
+        "drop = mean paired return change vs fp32 in % of |fp32 mean| (negative = better); "
+        "normalized = (R - R_random) / (R_fp32 - R_random).",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
+    lines += ["", "## Sweet spot (fewest weight bits within 2% of fp32) and int8 drift", "",
+              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % |", "|---|---|---|---|---|"]  # fmt: skip
+    for f in study["findings"]:
+        d = f["drop_pct"]
+
+        def fmt(v: Any) -> str:
+            return "-" if v is None else f"{v + 0.0:+.2f}"
+
+        lines.append(f"| {f['policy']} | {f['sweet_spot_bits'] or '-'} | {fmt(d.get('onnx-int8'))} | "
+                     f"{fmt(d.get('tflite-int8'))} | {fmt(d.get('onnx-fp16'))} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
+    from quarl_edge.study.plots import plot_drift, plot_reward_vs_bits
+
+    out.mkdir(parents=True, exist_ok=True)
+    from quarl_edge.bench import finite_json
+
+    atomic_write_json(out / "ptq.json", finite_json(study))
+    atomic_write_text(out / "ptq.md", markdown(study))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(
+        [
+            "policy",
+            "env",
+            "algo",
+            "variant",
+            "bits",
+            "mean",
+            "std",
+            "episodes",
+            "drop_pct",
+            "normalized",
+            "skipped",
+        ]
+    )
+    for s in study["results"]:
+        w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
+                    s.get("episodes"), s.get("drop_pct"), s.get("normalized"), s.get("skipped") or ""])  # fmt: skip
+    atomic_write_text(out / "ptq.csv", buf.getvalue())
+    pngs = [
+        plot_reward_vs_bits(study, out / "ptq_reward_vs_bits.png"),
+        plot_drift(study, out / "ptq_int8_drift.png"),
+    ]
+    return [out / "ptq.json", out / "ptq.md", out / "ptq.csv", *pngs]
+
+
+def load_study(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
