@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS_TEST := dev,atari,box2d,mujoco,actorq
+EXTRAS_TEST := dev,atari,box2d,mujoco,actorq,device,tflite
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
 .PHONY: demo test lint typecheck pytest bench clean

@@ -1,6 +1,7 @@
-"""fp32 vs int8 ONNX latency at 1 thread, side by side in one run, for the CartPole MLP and a
-Pong-shaped Nature-CNN (4x84x84 uint8). Models are timed in interleaved rounds so machine noise hits
-every variant alike; the table reports medians over rounds and the fp32/int8 ratio.
+"""{ONNX Runtime, LiteRT} x {fp32, int8} latency at 1 thread, side by side in one run, for the CartPole
+MLP and a Pong-shaped Nature-CNN (4x84x84 uint8). Models are timed in interleaved rounds so machine noise
+hits every variant alike; the table reports medians over rounds, the fp32/int8 ratio per runtime and
+each model against ONNX Runtime at the same precision. Needs the tflite extra.
 
     .venv/bin/python benchmarks/latency.py [--rounds 5] [--samples 1000] [--json]
 """
@@ -24,7 +25,8 @@ from quarl_edge.runtimes.trace import load_trace, save_trace
 from quarl_edge.sb3 import base_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("onnx-fp32", "onnx-int8")
+MODELS = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
+FORMATS = {"onnx": "ONNX Runtime", "tflite": "LiteRT"}
 
 
 def pong_cnn_bundle(work: Path) -> Path:
@@ -71,6 +73,24 @@ def measure(bundle: Path, rounds: int, samples: int) -> dict[str, dict[str, floa
     }
 
 
+def summarize(r: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per format: fp32/int8 p50 and size, int8 speedup, and p50 ratios against ONNX Runtime."""
+    out = {}
+    for fmt in FORMATS:
+        f32, i8 = r[f"{fmt}-fp32"], r[f"{fmt}-int8"]
+        out[fmt] = {
+            "fp32_p50_us": f32["p50_us"],
+            "int8_p50_us": i8["p50_us"],
+            "speedup_int8_vs_fp32": f32["p50_us"] / i8["p50_us"],
+            "fp32_speedup_vs_onnx": r["onnx-fp32"]["p50_us"] / f32["p50_us"],
+            "int8_speedup_vs_onnx": r["onnx-int8"]["p50_us"] / i8["p50_us"],
+            "fp32_size_bytes": f32["size_bytes"],
+            "int8_size_bytes": i8["size_bytes"],
+            "size_ratio_fp32_vs_int8": f32["size_bytes"] / i8["size_bytes"],
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -83,25 +103,24 @@ def main() -> None:
             "CartPole MLP (4-64-64-2)": measure(cartpole_bundle(work), args.rounds, args.samples),
             "Pong Nature-CNN (4x84x84 uint8)": measure(pong_cnn_bundle(work), args.rounds, args.samples),
         }
-    summary = {
-        name: {**r, "speedup_int8_vs_fp32": r["onnx-fp32"]["p50_us"] / r["onnx-int8"]["p50_us"],
-               "size_ratio_fp32_vs_int8": r["onnx-fp32"]["size_bytes"] / r["onnx-int8"]["size_bytes"]}
-        for name, r in results.items()
-    }  # fmt: skip
+    summary = {name: {"models": r, **summarize(r)} for name, r in results.items()}
     if args.json:
         print(json.dumps(summary, indent=2))
         return
     rows = [
-        [name, f"{s['onnx-fp32']['p50_us']:.1f}", f"{s['onnx-int8']['p50_us']:.1f}", f"{s['speedup_int8_vs_fp32']:.2f}x",
-         f"{s['onnx-fp32']['size_bytes'] / 1024:.0f} KiB", f"{s['onnx-int8']['size_bytes'] / 1024:.0f} KiB",
-         f"{s['size_ratio_fp32_vs_int8']:.2f}x"]
+        [name, FORMATS[fmt], f"{s[fmt]['fp32_p50_us']:.1f}", f"{s[fmt]['int8_p50_us']:.1f}",
+         f"{s[fmt]['speedup_int8_vs_fp32']:.2f}x", f"{s[fmt]['fp32_speedup_vs_onnx']:.2f}x",
+         f"{s[fmt]['int8_speedup_vs_onnx']:.2f}x", f"{s[fmt]['fp32_size_bytes'] / 1024:.0f} KiB",
+         f"{s[fmt]['int8_size_bytes'] / 1024:.0f} KiB", f"{s[fmt]['size_ratio_fp32_vs_int8']:.2f}x"]
         for name, s in summary.items()
+        for fmt in FORMATS
     ]  # fmt: skip
     table(
-        f"ONNX Runtime, 1 thread, median p50 of {args.rounds} interleaved rounds x {args.samples} inferences",
-        ["policy", "fp32 p50 us", "int8 p50 us", "int8 speedup", "fp32 size", "int8 size", "size ratio"],
+        f"1 thread, median p50 of {args.rounds} interleaved rounds x {args.samples} single inferences",
+        ["policy", "runtime", "fp32 p50 us", "int8 p50 us", "int8 speedup", "fp32 vs ORT", "int8 vs ORT",
+         "fp32 size", "int8 size", "size ratio"],
         rows,
-    )
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

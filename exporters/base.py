@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge.policies import Policy
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 
@@ -22,7 +23,7 @@ class ExportConfig:
     percentile: float = 99.999
     """percentile used by the percentile method"""
     per_channel: bool | None = None
-    """per-channel weight scales; None: on for convolutional models, off for MLPs"""
+    """per-channel weight scales; None: ONNX on for convolutional models, off for MLPs; TFLite on"""
     max_calibration_samples: int = 2000
     """calibration observations used at most (evenly subsampled)"""
     opset: int = 18
@@ -50,6 +51,8 @@ class ExportedModel:
     precision: str
     quantization: dict[str, Any] = field(default_factory=dict)
     io: dict[str, Any] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    """converter, quantizer and the runtime that read the parameters back, with versions"""
 
 
 @dataclass(frozen=True)
@@ -65,31 +68,66 @@ EXPORTERS: dict[str, Exporter] = {}
 NEEDS_CALIBRATION: set[str] = set()
 
 
-def register(name: str, *, calibrated: bool = False) -> Callable[[Exporter], Exporter]:
+@dataclass(frozen=True)
+class Requirement:
+    """Modules an exporter imports when it runs, and the pip extra that installs them."""
+
+    modules: tuple[str, ...]
+    extra: str
+
+    def install_command(self) -> str:
+        return f"pip install 'quarl-edge[{self.extra}]'"
+
+
+REQUIREMENTS: dict[str, Requirement] = {}
+
+
+def register(
+    name: str, *, calibrated: bool = False, requires: Requirement | None = None
+) -> Callable[[Exporter], Exporter]:
     def deco(fn: Exporter) -> Exporter:
         EXPORTERS[name] = fn
         if calibrated:
             NEEDS_CALIBRATION.add(name)
+        if requires is not None:
+            REQUIREMENTS[name] = requires
         return fn
 
     return deco
 
 
 def load_builtin() -> None:
-    from quarl_edge.exporters import onnx  # noqa: F401
+    # Both modules import their converters lazily, so each registers its targets even when its
+    # optional extra is not installed; resolve_targets() then names the install command.
+    from quarl_edge.exporters import onnx, tflite  # noqa: F401
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import, or a blocked import
+        return False
+
+
+def missing_dependency(name: str, module: str, requirement: Requirement) -> MissingDependencyError:
+    return MissingDependencyError(
+        f"export target {name!r} needs the {requirement.extra} extra ({module!r} is not installed)",
+        f"install it with: {requirement.install_command()}",
+    )
 
 
 def resolve_targets(spec: str | list[str]) -> list[str]:
+    """Validate export target names and their optional dependencies before any expensive step."""
     load_builtin()
     names = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec) if t.strip()]
     if not names:
         raise InputError("no export targets given", f"pass --to with some of: {', '.join(EXPORTERS)}")
     unknown = [n for n in names if n not in EXPORTERS]
     if unknown:
-        hint = ""
-        if any(n.startswith("tflite") for n in unknown):
-            hint = " (TFLite export is not available in this build)"
-        raise InputError(
-            f"unknown export target {unknown[0]!r}{hint}", f"known targets: {', '.join(EXPORTERS)}"
-        )
+        raise InputError(f"unknown export target {unknown[0]!r}", f"known targets: {', '.join(EXPORTERS)}")
+    for name in names:
+        req = REQUIREMENTS.get(name)
+        missing = [m for m in req.modules if not _importable(m)] if req is not None else []
+        if req is not None and missing:
+            raise missing_dependency(name, missing[0], req)
     return list(dict.fromkeys(names))

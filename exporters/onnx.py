@@ -41,6 +41,13 @@ def _io(model_path: Path) -> dict[str, Any]:
     return {"inputs": [desc(v) for v in m.graph.input], "outputs": [desc(v) for v in m.graph.output]}
 
 
+def _toolchain(quantizer: str | None = None) -> dict[str, str]:
+    out = {"converter": f"torch.onnx dynamo exporter (torch {torch.__version__})"}
+    if quantizer is not None:
+        out["quantizer"] = quantizer
+    return out
+
+
 def export_fp32(ctx: ExportContext, path: Path) -> Path:
     """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch."""
     policy = ctx.policy
@@ -77,7 +84,7 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
 @register("onnx-fp32")
 def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     export_fp32(ctx, path)
-    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path))
+    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), _toolchain())
 
 
 @register("onnx-fp16")
@@ -90,9 +97,11 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
     # ArgMax on fp16 is fine, but keep index-producing and range ops in fp32 for exactness
     model16 = float16.convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
     onnx.save(model16, str(path))
-    return ExportedModel(
-        path, "onnx", "fp16", {"scheme": "fp16 weights and activations, float32 I/O"}, _io(path)
-    )
+    from importlib.metadata import version
+
+    quant = {"scheme": "fp16 weights and activations, float32 I/O"}
+    tools = _toolchain(f"onnxconverter-common {version('onnxconverter-common')}")
+    return ExportedModel(path, "onnx", "fp16", quant, _io(path), tools)
 
 
 class _Reader:
@@ -240,4 +249,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         "float_nodes": head_nodes,
         **params,
     }
-    return ExportedModel(path, "onnx", "int8", quant, _io(path))
+    import onnxruntime
+
+    tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)

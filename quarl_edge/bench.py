@@ -2,7 +2,11 @@
 
 Each model runs in its own process (the device runner, ``python -m quarl_edge.runtimes run``), so
 load time, first inference and peak RSS are its own, and the runner's imports are those of a device.
-Devices other than ``local`` plug in as transports that run the same runner elsewhere.
+Devices other than ``local`` plug in as transports that run the same runner elsewhere (SSH:
+quarl_edge.devices.remote). A transport may also have ``prepare(bundle, trace)`` (connect, upload),
+``harness`` (its own timings, for the report) and ``device_facts`` (merged into the report's device).
+Finished episodes are kept in a partial file as they arrive (quarl_edge.resume), so a bench that stops
+part-way can be resumed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
+from quarl_edge.resume import PartialBench
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
@@ -78,9 +84,12 @@ def local_transport(bundle: Path, args: list[str]) -> Iterator[Event]:
         raise QuarlError(f"the runner crashed: {tail}", "run again with --debug, or report a bug")
 
 
-def _runner_args(cfg: BenchConfig, model: str) -> list[str]:
-    args = ["--model", model, "--threads", str(cfg.threads), "--seeds", ",".join(map(str, cfg.seeds))]
-    args += ["--latency-samples", str(cfg.latency_samples), "--warmup", str(cfg.warmup)]
+def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool = False) -> list[str]:
+    """Runner arguments; ``measured``: latency and replay are kept from an earlier run, skip them."""
+    args = ["--model", model, "--threads", str(cfg.threads), "--seeds", ",".join(map(str, seeds))]
+    args += ["--latency-samples", "0" if measured else str(cfg.latency_samples), "--warmup", str(cfg.warmup)]
+    if measured:
+        args.append("--no-replay")
     if cfg.max_steps:
         args += ["--max-steps", str(cfg.max_steps)]
     if cfg.trace:
@@ -163,6 +172,21 @@ def _warnings(run: dict[str, Any]) -> list[str]:
     return out
 
 
+def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[str, Any]) -> dict[str, Any]:
+    """What a resumed bench must share with the interrupted one."""
+    return {
+        "bundle_manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
+        "device": device.get("name", "local"),
+        "models": names,
+        "seeds": cfg.seeds,
+        "threads": cfg.threads,
+        "latency_samples": cfg.latency_samples,
+        "warmup": cfg.warmup,
+        "max_steps": cfg.max_steps,
+        "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
+    }
+
+
 def bench(
     bundle: str | Path,
     cfg: BenchConfig,
@@ -170,8 +194,14 @@ def bench(
     device: dict[str, Any] | None = None,
     transport: Transport = local_transport,
     progress: Callable[[Event], None] | None = None,
+    partial: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run every model on the same seeds; return the report (JSON-able dict)."""
+    """Run every model on the same seeds; return the report (JSON-able dict).
+
+    ``partial``: keep finished work in this file as it arrives (removed when the bench completes);
+    ``resume``: continue the bench saved there, running only what is missing.
+    """
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
     ref = manifest.reference()
@@ -185,21 +215,30 @@ def bench(
                 f"bundle has no model {unknown[0]!r}", f"models in this bundle: {', '.join(names)}"
             )
         names = [n for n in names if n in cfg.models or n == ref.name]
+    if resume and partial is None:
+        raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
+    device = dict(device or {"name": "local", "emulated": False})
+    key = _partial_key(bundle, cfg, names, device)
+    if partial is not None and resume:
+        state = PartialBench.resume(partial, key, names, cfg.seeds)
+    else:
+        state = PartialBench.start(partial, key, names, cfg.seeds)
+    startup: dict[str, float] = {}
     runs: dict[str, dict[str, Any]] = {}
-    for name in names:
-        result: dict[str, Any] | None = None
-        for ev in transport(bundle, _runner_args(cfg, name)):
-            if ev.get("event") == "result":
-                result = ev["result"]
-            elif ev.get("event") == "error":
-                raise QuarlError(ev.get("message", "runner failed"))
-            elif progress:
-                progress(ev)
-        if result is None:
-            raise QuarlError(f"the runner returned no result for {name!r}", "run again with --debug")
-        runs[name] = result
-        if progress:
-            progress({"event": "model_done", "model": name})
+    try:
+        prepare = getattr(transport, "prepare", None)
+        if prepare is not None:
+            prepare(bundle, cfg.trace)
+        device.update(getattr(transport, "device_facts", None) or {})
+        for name in names:
+            runs[name] = _run_model(name, cfg, bundle, transport, state, progress, startup)
+            if progress:
+                progress({"event": "model_done", "model": name})
+    except QuarlError as e:
+        if not state.has_progress():
+            raise
+        raise state.interrupted(e) from e
+    state.discard()
     ref_run = runs[ref.name]
     models = []
     for name in names:
@@ -241,7 +280,7 @@ def bench(
             "env": manifest.policy.env.id,
             "algo": manifest.policy.algo,
         },
-        "device": device or {"name": "local", "emulated": False},
+        "device": device,
         "settings": {
             "episodes": cfg.episodes,
             "seeds": cfg.seeds,
@@ -251,7 +290,48 @@ def bench(
         },
         "reference": ref.name,
         "models": models,
+        "harness": {
+            **(getattr(transport, "harness", None) or {"transport": "local"}),
+            "runner_startup_s": startup,
+        },
+        "resumed": {"episodes_kept": state.resumed_episodes} if resume else None,
     }
+
+
+def _run_model(
+    name: str,
+    cfg: BenchConfig,
+    bundle: Path,
+    transport: Transport,
+    state: PartialBench,
+    progress: Callable[[Event], None] | None,
+    startup: dict[str, float],
+) -> dict[str, Any]:
+    """One model through the runner (only its missing seeds on a resume); the merged run."""
+    kept = state.models[name]
+    if kept.run is not None:
+        return kept.run
+    seeds = state.seeds_left(name)
+    measured = kept.measured is not None
+    if measured and not seeds:
+        return state.finish(name, None)
+    result: dict[str, Any] | None = None
+    t0 = time.perf_counter()
+    for ev in transport(bundle, _runner_args(cfg, name, seeds, measured)):
+        kind = ev.get("event")
+        if kind == "start" and name not in startup:
+            startup[name] = time.perf_counter() - t0
+        if kind == "result":
+            result = ev["result"]
+        elif kind == "error":
+            raise QuarlError(ev.get("message", "runner failed"))
+        else:
+            state.on_event(name, ev)
+            if progress:
+                progress(ev)
+    if result is None:
+        raise QuarlError(f"the runner returned no result for {name!r}", "run again with --debug")
+    return state.finish(name, result)
 
 
 def finite_json(obj: Any) -> Any:

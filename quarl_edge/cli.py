@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Annotated
@@ -9,6 +10,8 @@ from typing import Annotated
 import typer
 
 from quarl_edge import __version__
+from quarl_edge.cli_devices import HostOpt, IdentityOpt, PortOpt, UserOpt, devices_app, overrides
+from quarl_edge.cli_emulate import register as register_emulator
 from quarl_edge.output import handle_errors, info, print_json, table
 
 app = typer.Typer(
@@ -18,6 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+register_emulator(devices_app)  # `devices emulate rpi4 up|down|status` and `devices setup`
+app.add_typer(devices_app, name="devices")
 
 PolicyOpt = Annotated[Path, typer.Option("--policy", "-p", help="checkpoint folder or SB3 / RL Zoo .zip")]
 EnvOpt = Annotated[str | None, typer.Option("--env", help="environment id (for .zip files that do not say)")]
@@ -86,9 +91,19 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the last checkpoint in --out")
     ] = False,
+    qat_bits: Annotated[
+        int | None, typer.Option("--qat-bits", help="quantization-aware training, N bits (2..8)")
+    ] = None,
+    quant_delay: Annotated[
+        int, typer.Option("--quant-delay", help="fp32 steps before fake quantization")
+    ] = 0,
+    qat_activations: Annotated[
+        bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train an fp32 policy (Stable-Baselines3) and save a quarl-edge checkpoint."""
+    """Train a policy (Stable-Baselines3; fp32, or quantization-aware with --qat-bits) and save a checkpoint."""
+    from quarl_edge.qat import QATConfig
     from quarl_edge.runtimes.errors import InputError
     from quarl_edge.trainer import TrainConfig
     from quarl_edge.trainer import train as run_train
@@ -101,8 +116,13 @@ def train(
             raise InputError(
                 f"--net-arch {net_arch!r} is not a list of sizes", "e.g. --net-arch 64,64"
             ) from None
+    qat = (
+        QATConfig(bits=qat_bits, delay=quant_delay, activations=qat_activations)
+        if qat_bits is not None
+        else None
+    )
     cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, seed=seed, model=model, net_arch=arch,
-                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every, resume=resume)  # fmt: skip
+                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every, resume=resume, qat=qat)  # fmt: skip
     policy = run_train(cfg)
     t = policy.spec.train
     if as_json:
@@ -166,7 +186,7 @@ def export(
     policy: PolicyOpt,
     out: Annotated[Path, typer.Option("--out", help="bundle folder to write")],
     to: Annotated[
-        str, typer.Option("--to", help="comma-separated targets")
+        str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}")
     ] = "onnx-fp32,onnx-fp16,onnx-int8",
     calibration: Annotated[
         Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")
@@ -176,7 +196,7 @@ def export(
     ] = "minmax",
     percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
     per_channel: Annotated[
-        bool | None, typer.Option("--per-channel/--per-tensor", help="default: per-channel for CNNs")
+        bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")
     ] = None,
     full_int8: Annotated[
         bool, typer.Option("--full-int8", help="quantize the input and output layers too")
@@ -186,7 +206,7 @@ def export(
     vecnormalize: VecNormOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Export ONNX fp32 / fp16 / int8 models into a bundle with a manifest."""
+    """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
     from quarl_edge.export import BundleRequest, export_bundle
     from quarl_edge.exporters.base import ExportConfig, resolve_targets
     from quarl_edge.loading import load_policy
@@ -219,7 +239,7 @@ def bench(
     device: Annotated[str, typer.Option("--device", help="device profile name")] = "local",
     episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
-    threads: Annotated[int, typer.Option("--threads")] = 1,
+    threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
     latency_samples: Annotated[int, typer.Option("--latency-samples")] = 1000,
     max_steps: Annotated[int | None, typer.Option("--max-steps", help="cap per episode")] = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
@@ -229,32 +249,56 @@ def bench(
     out: Annotated[
         Path | None, typer.Option("--out", help="report .json (a .md is written beside it)")
     ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="finish an interrupted bench (its --out .partial.json)")
+    ] = False,
+    host: HostOpt = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Latency, size, memory and paired-seed reward drift of every model in a bundle."""
+    """Latency, size, memory and paired-seed reward drift of every model in a bundle, here or on a device."""
     from quarl_edge.bench import BenchConfig
     from quarl_edge.bench import bench as run_bench
     from quarl_edge.devices.profiles import load_profile, transport_for
-    from quarl_edge.report import COLUMNS, rows, write_report
+    from quarl_edge.report import COLUMNS, harness_line, rows, write_report
+    from quarl_edge.resume import partial_path
     from quarl_edge.runtimes.errors import InputError
     from quarl_edge.runtimes.manifest import load_manifest
 
-    profile = load_profile(device)
-    transport = transport_for(profile)
+    profile = load_profile(device, overrides(host, user, port, identity))
     if out is not None and out.suffix != ".json":
         raise InputError(f"--out {str(out)!r} must end in .json", "e.g. --out reports/policy.json")
+    if resume and out is None:
+        raise InputError(
+            "--resume needs the --out of the interrupted bench", "e.g. --out reports/policy.json --resume"
+        )
+    threads = profile.default_threads if threads is None else threads
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=threads, latency_samples=latency_samples,
                       max_steps=max_steps, models=tuple(models.split(",")) if models else None, trace=trace)  # fmt: skip
     manifest = load_manifest(bundle)
-    device_info = {"name": profile.name, "transport": profile.transport, "emulated": False}
-    report = _bench_with_progress(
-        run_bench, bundle, cfg, len(cfg.models or manifest.models), device_info, transport
-    )
+    partial = partial_path(out) if out is not None else None
+    if partial is not None and partial.is_file() and not resume:
+        info(f"starting over: {partial} (from an interrupted bench) is replaced; --resume would continue it")
+    transport = transport_for(profile)
+    device_info = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
+    run = functools.partial(run_bench, partial=partial, resume=resume)
+    try:
+        report = _bench_with_progress(
+            run, bundle, cfg, len(cfg.models or manifest.models), device_info, transport
+        )
+    finally:
+        close = getattr(transport, "close", None)
+        if close is not None:
+            close()
     for m in report["models"]:
         for w in m["warnings"]:
             info(f"[yellow]warning:[/] {m['name']}: {w}")
     if out is not None:
         write_report(report, out)
+    if harness_line(report):
+        info(harness_line(report))
     if as_json:
         print_json(report)
         return

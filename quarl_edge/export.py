@@ -78,6 +78,7 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
                     size_bytes=out.file.stat().st_size,
                     quantization=out.quantization,
                     io=out.io,
+                    toolchain=out.toolchain,
                 )
             )
         trace = calib.subsample(TRACE_SAMPLES, seed=2)

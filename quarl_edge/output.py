@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from quarl_edge.runtimes.errors import QuarlError
@@ -46,7 +47,8 @@ def info(msg: str) -> None:
 
 def fail(message: str, code: int = 2) -> None:
     # one line, whatever the terminal width: CI log parsers and `tail -1` read it as a whole
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: a message may hold brackets rich would read as markup ("pip install 'quarl-edge[tflite]'")
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -54,6 +54,9 @@ class NetArch:
     norm_clip: float = 10.0
     norm_eps: float = 1e-8
     cnn_features: int = 512
+    qat: dict[str, Any] | None = None
+    """set for quantization-aware-trained policies: {"bits", "activations", "delay"}; the net then runs
+    with fake quantization (weights on the n-bit grid, activations over the ranges learned in training)"""
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "nature_cnn"):
@@ -82,7 +85,7 @@ class NetArch:
             steps.append("scale_uint8")
         if self.obs_norm:
             steps.append("obs_normalize")
-        steps.append(self.model)
+        steps.append(self.model if not self.qat else f"{self.model}[qat{self.qat['bits']}]")
         steps.append(self.head)
         return tuple(steps)
 
@@ -129,6 +132,11 @@ class PolicyNet(nn.Module):
             in_dim = h
         self.mlp = nn.Sequential(*layers)
         self.out = nn.Linear(in_dim, arch.out_dim)
+        if arch.qat:
+            from quarl_edge.qat import QATClock, QATConfig, convert
+
+            qcfg = QATConfig(bits=int(arch.qat["bits"]), activations=bool(arch.qat.get("activations", True)))
+            convert(self, qcfg, QATClock(delay=0))
         if arch.head in ("clip", "tanh_unscale"):
             low, high = bounds(spec.action_space)
             self.register_buffer("act_low", torch.as_tensor(low, dtype=torch.float32).reshape(-1))

@@ -41,9 +41,33 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def harness_line(report: dict[str, Any]) -> str:
+    """The harness's own overhead (connect, cache check / upload, device info, runner start-up), one line."""
+    h = report.get("harness") or {}
+    start = list((h.get("runner_startup_s") or {}).values())
+    parts = []
+    if h.get("connect_s") is not None:
+        parts.append(f"connect {h['connect_s']:.3f} s")
+    if h.get("cache_check_s") is not None:
+        sent = h.get("uploaded_bytes") or 0
+        what = (
+            f"uploaded {sent / 1024:.0f} KiB in {h['upload_s']:.3f} s"
+            if sent
+            else "nothing uploaded (cached)"
+        )
+        parts.append(f"cache check {h['cache_check_s']:.3f} s, {what}")
+    if h.get("info_s") is not None:
+        parts.append(f"device info {h['info_s']:.3f} s")
+    if start:
+        parts.append(f"runner start-up {sum(start) / len(start):.3f} s per model")
+    return "harness: " + "; ".join(parts) if parts else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
     b, d, s = report["bundle"], report["device"], report["settings"]
     emulated = " (emulated: latency is not board latency)" if d.get("emulated") else ""
+    if d.get("machine"):  # facts the device reported about itself (SSH devices)
+        emulated += f"; {d['machine']}, {d.get('cpu_model') or '?'}, Python {d.get('python') or '?'}"
     lines = [
         f"# quarl-edge bench: {b['policy']} ({b['algo']}, {b['env']})",
         "",

@@ -56,15 +56,23 @@ class SB3Parts:
     activation: str
     normalize_images: bool = True
     squash_output: bool = False
+    qat: dict[str, Any] | None = None
 
 
-def _linear_chain(state: dict[str, torch.Tensor], prefix: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    idx = sorted(
-        int(m.group(1))
-        for k in state
-        if (m := re.fullmatch(re.escape(prefix) + r"(\d+)\.weight", k)) is not None
-    )
-    return [(state[f"{prefix}{i}.weight"], state[f"{prefix}{i}.bias"]) for i in idx]
+def _linear_chain(state: dict[str, torch.Tensor], prefix: str) -> list[str]:
+    """Prefixes (``{prefix}{i}.``) of the numbered layers under ``prefix``, in order."""
+    pattern = re.escape(prefix) + r"(\d+)\.weight"
+    idx = sorted(int(m.group(1)) for k in state if (m := re.fullmatch(pattern, k)) is not None)
+    return [f"{prefix}{i}." for i in idx]
+
+
+_LAYER_TENSORS = ("weight", "bias", "act_lo", "act_hi", "act_seen")  # act_*: QAT activation ranges
+
+
+def _copy_layer(state: dict[str, torch.Tensor], src: str, dst: str, out: dict[str, torch.Tensor]) -> None:
+    for t in _LAYER_TENSORS:
+        if f"{src}{t}" in state:
+            out[f"{dst}{t}"] = state[f"{src}{t}"]
 
 
 def _features_prefix(state: dict[str, torch.Tensor], candidates: tuple[str, ...]) -> str:
@@ -74,29 +82,31 @@ def _features_prefix(state: dict[str, torch.Tensor], candidates: tuple[str, ...]
     return candidates[-1]
 
 
-def _actor_layers(
-    parts: SB3Parts,
-) -> tuple[str, list[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
-    """(features prefix, hidden linears, output linear) of the deterministic actor / Q-network."""
+def _actor_layers(parts: SB3Parts) -> tuple[str, list[str], str]:
+    """(features prefix, hidden layer prefixes, output layer prefix) of the deterministic actor / Q-network."""
     s, algo = parts.state, parts.algo
     if algo in ("ppo", "a2c"):
         fx = _features_prefix(s, ("pi_features_extractor.", "features_extractor."))
-        hidden = _linear_chain(s, "mlp_extractor.policy_net.")
-        out = (s["action_net.weight"], s["action_net.bias"])
+        hidden, out = _linear_chain(s, "mlp_extractor.policy_net."), "action_net."
     elif algo == "dqn":
         fx = "q_net.features_extractor."
         chain = _linear_chain(s, "q_net.q_net.")
+        if not chain:
+            raise KeyError("q_net.q_net.0.weight")
         hidden, out = chain[:-1], chain[-1]
     elif algo == "sac":
         fx = "actor.features_extractor."
-        hidden = _linear_chain(s, "actor.latent_pi.")
-        out = (s["actor.mu.weight"], s["actor.mu.bias"])
+        hidden, out = _linear_chain(s, "actor.latent_pi."), "actor.mu."
     elif algo in ("td3", "ddpg"):
         fx = "actor.features_extractor."
         chain = _linear_chain(s, "actor.mu.")
+        if not chain:
+            raise KeyError("actor.mu.0.weight")
         hidden, out = chain[:-1], chain[-1]
     else:
         raise InputError(f"unsupported algorithm {algo!r}", f"supported: {', '.join(ALGOS)}")
+    if f"{out}weight" not in s:
+        raise KeyError(f"{out}weight")
     return fx, hidden, out
 
 
@@ -125,26 +135,25 @@ def policy_from_parts(
         head = "clip"
     arch = NetArch(
         model="nature_cnn" if cnn else "mlp",
-        hidden=tuple(int(w.shape[0]) for w, _ in hidden),
+        hidden=tuple(int(s[f"{h}weight"].shape[0]) for h in hidden),
         activation=parts.activation,
-        out_dim=int(out[0].shape[0]),
+        out_dim=int(s[f"{out}weight"].shape[0]),
         head=head,
         scale_uint8=bool(parts.normalize_images and obs_space.is_image),
         obs_norm=vecnorm is not None,
         norm_clip=float(vecnorm.clip_obs) if vecnorm else 10.0,
         norm_eps=float(vecnorm.epsilon) if vecnorm else 1e-8,
         cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
+        qat=parts.qat,
     )
     state: dict[str, torch.Tensor] = {}
     if cnn:
         for i in (0, 2, 4):
-            state[f"cnn.{i}.weight"] = s[f"{fx}cnn.{i}.weight"]
-            state[f"cnn.{i}.bias"] = s[f"{fx}cnn.{i}.bias"]
-        state["cnn_fc.0.weight"] = s[f"{fx}linear.0.weight"]
-        state["cnn_fc.0.bias"] = s[f"{fx}linear.0.bias"]
-    for j, (w, b) in enumerate(hidden):
-        state[f"mlp.{2 * j}.weight"], state[f"mlp.{2 * j}.bias"] = w, b
-    state["out.weight"], state["out.bias"] = out
+            _copy_layer(s, f"{fx}cnn.{i}.", f"cnn.{i}.", state)
+        _copy_layer(s, f"{fx}linear.0.", "cnn_fc.0.", state)
+    for j, h in enumerate(hidden):
+        _copy_layer(s, h, f"mlp.{2 * j}.", state)
+    _copy_layer(s, out, "out.", state)
     spec = replace(
         base, model=arch.model, graph_steps=arch.graph_steps(), train={**base.train, **(extra_train or {})}
     )
@@ -157,11 +166,18 @@ def policy_from_parts(
         shape = tuple(obs_space.shape)
         state["obs_mean"] = torch.as_tensor(np.asarray(vecnorm.mean, dtype=np.float32).reshape(shape))
         state["obs_var"] = torch.as_tensor(np.asarray(vecnorm.var, dtype=np.float32).reshape(shape))
-    return build_policy(spec, arch, {k: v.detach().clone().float() for k, v in state.items()})
+    return build_policy(
+        spec,
+        arch,
+        {
+            k: v.detach().clone() if v.dtype == torch.bool else v.detach().clone().float()
+            for k, v in state.items()
+        },
+    )
 
 
-def parts_from_model(model: Any, algo: str) -> SB3Parts:
-    """From a live SB3 model (our trainer)."""
+def parts_from_model(model: Any, algo: str, qat: dict[str, Any] | None = None) -> SB3Parts:
+    """From a live SB3 model (our trainer); ``qat`` describes its fake quantization, if any."""
     pol = model.policy
     act_fn = getattr(pol, "activation_fn", None) or getattr(
         getattr(pol, "actor", None), "activation_fn", None
@@ -173,6 +189,7 @@ def parts_from_model(model: Any, algo: str) -> SB3Parts:
         activation=activation,
         normalize_images=bool(getattr(pol, "normalize_images", True)),
         squash_output=bool(getattr(pol, "squash_output", False)) and algo in ("ppo", "a2c"),
+        qat=qat,
     )
 
 

@@ -18,6 +18,7 @@ from quarl_edge import __version__
 from quarl_edge.envs import entry, env_config, resolve_id
 from quarl_edge.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
 from quarl_edge.policies import Policy, save_checkpoint
+from quarl_edge.qat import QATClock, QATConfig, convert
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig
@@ -45,6 +46,8 @@ class TrainConfig:
     """extra SB3 constructor arguments"""
     resume: bool = False
     """continue from the last checkpoint's resume state in ``out/resume/`` up to ``steps``"""
+    qat: QATConfig | None = None
+    """quantization-aware training: fake-quantize the policy's layers after ``qat.delay`` steps"""
 
 
 def validate(cfg: TrainConfig) -> EnvConfig:
@@ -123,6 +126,22 @@ def _progress_callback(total: int, label: str) -> Any:
             self.bar.stop()
 
     return RichProgress()
+
+
+def _qat_callback(clock: QATClock) -> Any:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class QATStep(BaseCallback):
+        """Advances the QAT clock with the environment steps (fake quantization starts at the delay)."""
+
+        def _on_training_start(self) -> None:
+            clock.step = self.model.num_timesteps
+
+        def _on_step(self) -> bool:
+            clock.step = self.model.num_timesteps
+            return True
+
+    return QATStep()
 
 
 def _checkpoint_callback(every: int, save: Any) -> Any:
@@ -216,6 +235,13 @@ def train(cfg: TrainConfig) -> Policy:
     hp = defaults(env_id, env_cfg.family, cfg.algo)
     steps = int(cfg.steps or hp["steps"])
     model = _build_model(cfg, env_cfg, hp)
+    clock = QATClock(cfg.qat.delay) if cfg.qat else None
+    qat_info = None
+    if cfg.qat and clock is not None:
+        # in place: the optimizers keep their parameters; unsupported layers are refused before training
+        n_layers = convert(model.policy, cfg.qat, clock)
+        clock.step = int(model.num_timesteps)
+        qat_info = {**cfg.qat.to_dict(), "layers": n_layers}
     base = base_spec(env_id, cfg.algo, name=cfg.out.name, source="quarl-edge train")
     t0 = time.time()
 
@@ -231,7 +257,9 @@ def train(cfg: TrainConfig) -> Policy:
             "quarl_edge_version": __version__,
             **train_info,
         }
-        return policy_from_parts(parts_from_model(m, cfg.algo), base, extra_train=info)
+        if qat_info:
+            info["qat"] = {**qat_info, "active": bool(clock and clock.active)}
+        return policy_from_parts(parts_from_model(m, cfg.algo, qat=qat_info), base, extra_train=info)
 
     def save_resume(m: Any) -> None:
         tmp = resume_path(cfg.out).with_suffix(".tmp.zip")
@@ -247,6 +275,8 @@ def train(cfg: TrainConfig) -> Policy:
             save_resume(m)
 
     callbacks = [_progress_callback(steps, f"{cfg.algo.upper()} {env_id}")]
+    if clock is not None:
+        callbacks.append(_qat_callback(clock))
     if cfg.checkpoint_every:
         callbacks.append(_checkpoint_callback(cfg.checkpoint_every, save))
     remaining = steps - int(model.num_timesteps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from typing import Any
@@ -52,6 +53,7 @@ def device_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
+        "board": _board(),
         "cores": _cores(),
         "runtimes": {},
     }
@@ -70,16 +72,44 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _cpu_model() -> str:
+# ARM "CPU part" ids of the cores found on Pi-class boards (/proc/cpuinfo has no model name there)
+_ARM_PARTS = {"0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57",
+              "0xd08": "Cortex-A72", "0xd09": "Cortex-A73", "0xd0a": "Cortex-A75", "0xd0b": "Cortex-A76",
+              "0xd0c": "Neoverse-N1", "0xd41": "Cortex-A78", "0xd42": "Cortex-A78AE", "0xd4b": "Cortex-A78C"}  # fmt: skip
+
+
+def _cpuinfo() -> dict[str, str]:
+    """First value of each /proc/cpuinfo key (lower-case keys)."""
+    out: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                key = line.split(":")[0].strip().lower()
-                if key in ("model name", "hardware", "model"):
-                    return line.split(":", 1)[1].strip()
+                if ":" in line:
+                    key, value = line.split(":", 1)
+                    out.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return out
+
+
+def _cpu_model() -> str:
+    info = _cpuinfo()
+    if info.get("model name"):
+        return info["model name"]
+    part = _ARM_PARTS.get(info.get("cpu part", "").lower())
+    if part:
+        return part
+    return info.get("hardware") or platform.processor() or platform.machine()
+
+
+def _board() -> str | None:
+    """The board's model (Raspberry Pi, Jetson) from the device tree or /proc/cpuinfo, if it says."""
+    try:
+        with open("/proc/device-tree/model", "rb") as f:
+            return f.read().rstrip(b"\0\n").decode(errors="replace") or None
+    except OSError:
+        model = _cpuinfo().get("model", "")  # x86 has a numeric "model"; a Pi's names the board
+        return model if model and not model.isdigit() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--latency-samples", type=int, default=1000)
     r.add_argument("--warmup", type=int, default=50)
     r.add_argument("--max-steps", type=int, default=None)
+    r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
     sub.add_parser("info", help="device facts as JSON")
     args = p.parse_args(argv)
     try:
@@ -102,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .runner import run_model
 
+        # ready to load the model: the host times its harness (process + imports) up to here
+        _emit({"event": "start", "model": args.model, "runner": os.path.dirname(os.path.dirname(__file__))})
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         result = run_model(
             args.bundle,
@@ -112,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_samples=args.latency_samples,
             warmup=args.warmup,
             max_steps=args.max_steps,
+            replay=not args.no_replay,
             progress=lambda ev: _emit(_finite(ev)),
         )
         _emit({"event": "result", "result": _finite(result.to_dict())})

@@ -30,6 +30,8 @@ class ModelEntry:
     size_bytes: int
     quantization: dict[str, Any] = field(default_factory=dict)
     io: dict[str, Any] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    """converter / quantizer / runtime versions that made and read back the file"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +43,7 @@ class ModelEntry:
             "size_bytes": self.size_bytes,
             "quantization": self.quantization,
             "io": self.io,
+            "toolchain": self.toolchain,
         }
 
 
@@ -97,6 +100,7 @@ class Manifest:
                     size_bytes=int(m["size_bytes"]),
                     quantization=dict(m.get("quantization") or {}),
                     io=dict(m.get("io") or {}),
+                    toolchain={str(k): str(v) for k, v in (m.get("toolchain") or {}).items()},
                 )
                 for m in d["models"]
             )

@@ -236,9 +236,15 @@ def run_model(
     latency_samples: int = 1000,
     warmup: int = 50,
     max_steps: int | None = None,
+    replay: bool = True,
     progress: Progress | None = None,
 ) -> ModelRun:
-    """Measure one model: load, first inference, latency, episodes on ``seeds``, trace replay."""
+    """Measure one model: load, first inference, latency, trace replay, then episodes on ``seeds``.
+
+    A ``measured`` event carries everything but the episodes before they start, so a host that loses
+    the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
+    ``replay=False``.
+    """
     runner = PolicyRunner(bundle, model, threads)
     trace = None
     if trace_path is not None:
@@ -261,12 +267,15 @@ def run_model(
         result.latency = runner.latency(obs_for_timing, latency_samples, warmup)
         if progress:
             progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
-    if trace is not None:
+    if trace is not None and replay:
         rep = runner.replay(trace)
         result.replay_actions = [
             a.tolist() if ok else None for a, ok in zip(rep.actions, rep.valid, strict=True)
         ]
         result.replay_nonfinite_obs = rep.nonfinite_obs
+    if progress:
+        result.peak_rss_mb = peak_rss_mb()
+        progress({"event": "measured", "model": model, "run": result.to_dict()})
     result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress)
     result.peak_rss_mb = peak_rss_mb()
     result.torch_imported = "torch" in sys.modules or "tensorflow" in sys.modules

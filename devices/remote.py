@@ -1,0 +1,233 @@
+"""Bench on a device over SSH: ship the runner and the bundle once, run each model there, stream events.
+
+Remote cache (``cache_dir`` of the profile, default ``~/.cache/quarl-edge``), all content-addressed::
+
+    runner/<sha256>.pyz                  the runner zipapp (quarl_edge.devices.zipapp)
+    bundles/<manifest sha256>/           manifest.json, the model files, trace.npz, .complete
+    traces/<sha256>.npz                  a --trace given on the command line
+
+The manifest names the sha256 of every file, so its own sha256 names the whole bundle. Entries appear
+atomically (upload under a temporary name, then rename; a bundle's ``.complete`` is written last), so
+one probe command tells what is there; a second bench uploads nothing. The runner still checks every
+file's sha256 when it loads the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.devices.profiles import DeviceProfile, remote_path
+from quarl_edge.devices.ssh import SSHConnection, SSHError, sh
+from quarl_edge.devices.zipapp import RunnerZip, build_runner_zip
+from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, load_manifest
+
+Event = dict[str, Any]
+COMPLETE = ".complete"
+INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
+
+
+def _rp(path: str) -> str:
+    """A remote path safe as a command word: never starting with '-'."""
+    path = remote_path(path)
+    return f"./{path}" if path.startswith("-") else path
+
+
+@dataclass(frozen=True)
+class CachedBundle:
+    local: Path
+    remote: str
+    files: tuple[str, ...]
+    sha256: str
+
+
+class SSHTransport:
+    """A bench transport (see quarl_edge.bench) that runs the device runner over SSH."""
+
+    def __init__(self, profile: DeviceProfile) -> None:
+        self.profile = profile
+        self.ssh = SSHConnection(profile)
+        self.cache = _rp(profile.cache_dir)
+        self.python = _rp(profile.python) if "/" in profile.python else profile.python
+        self.runner: RunnerZip | None = None
+        self.bundles: dict[Path, CachedBundle] = {}
+        self.traces: dict[Path, str] = {}
+        self.device_facts: dict[str, Any] = {}
+        self.harness: dict[str, Any] = {
+            "transport": "ssh",
+            "connect_s": None,
+            "cache_check_s": None,
+            "upload_s": 0.0,
+            "uploaded_files": [],
+            "uploaded_bytes": 0,
+            "info_s": None,
+        }
+
+    def __enter__(self) -> SSHTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.ssh.close()
+
+    def runner_zip(self) -> RunnerZip:
+        if self.runner is None:
+            self.runner = build_runner_zip()
+        return self.runner
+
+    @property
+    def runner_path(self) -> str:
+        return f"{self.cache}/runner/{self.runner_zip().name}"
+
+    # -- preparing the device -----------------------------------------------------------------------
+
+    def connect(self) -> None:
+        if self.harness["connect_s"] is None:
+            self.ssh.connect()
+            self.harness["connect_s"] = self.ssh.connect_s
+
+    def prepare(self, bundle: Path | None = None, trace: Path | None = None) -> None:
+        """Connect, upload what the device lacks (runner, bundle, trace), read its facts. Idempotent."""
+        self.connect()
+        wanted: list[tuple[str, str]] = []  # (kind, remote path to probe)
+        if bundle is not None and Path(bundle) not in self.bundles:
+            cb = self._describe(Path(bundle))
+            self.bundles[Path(bundle)] = cb
+            wanted.append(("bundle", cb.remote))
+        if trace is not None and Path(trace) not in self.traces:
+            self.traces[Path(trace)] = f"{self.cache}/traces/{sha256_file(trace)}.npz"
+            wanted.append(("trace", self.traces[Path(trace)]))
+        probe = [self.runner_path] if not self.device_facts else []
+        probe += [f"{r}/{COMPLETE}" if kind == "bundle" else r for kind, r in wanted]
+        if probe:
+            t0 = time.perf_counter()
+            present = self._exists(probe)
+            self.harness["cache_check_s"] = (self.harness["cache_check_s"] or 0.0) + time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if self.runner_path in present and not present[self.runner_path]:
+                rz = self.runner_zip()
+                self._upload_bytes(rz.data, self.runner_path, f"runner {rz.name}")
+            for kind, r in wanted:
+                if kind == "bundle" and not present[f"{r}/{COMPLETE}"]:
+                    self._upload_bundle(next(b for b in self.bundles.values() if b.remote == r))
+                elif kind == "trace" and not present[r]:
+                    local = next(p for p, rr in self.traces.items() if rr == r)
+                    self._upload_file(local, r, f"trace {local.name}")
+            self.harness["upload_s"] += time.perf_counter() - t0
+        if not self.device_facts:
+            t0 = time.perf_counter()
+            self.device_facts = self._device_facts()
+            self.harness["info_s"] = time.perf_counter() - t0
+
+    def _describe(self, bundle: Path) -> CachedBundle:
+        manifest = load_manifest(bundle, verify=False)
+        files = [MANIFEST_NAME, *(m.file for m in manifest.models)]
+        if manifest.trace:
+            files.append(str(manifest.trace["file"]))
+        sha = sha256_file(bundle / MANIFEST_NAME)
+        return CachedBundle(bundle, f"{self.cache}/bundles/{sha}", tuple(files), sha)
+
+    def _exists(self, paths: list[str]) -> dict[str, bool]:
+        script = "; ".join(f"if [ -e {shlex.quote(p)} ]; then echo 1; else echo 0; fi" for p in paths)
+        r = self.ssh.run(script, timeout=self.profile.connect_timeout + 30)
+        flags = r.stdout.split()
+        if r.exit_status != 0 or len(flags) != len(paths):
+            raise SSHError(f"cannot inspect the cache on {self.profile.name}: {r.stderr.strip()[-200:]}")
+        return {p: f == "1" for p, f in zip(paths, flags, strict=True)}
+
+    def _upload_bytes(self, data: bytes, remote: str, what: str) -> None:
+        self._put(data, remote, what, len(data))
+
+    def _upload_file(self, local: Path, remote: str, what: str) -> None:
+        self._put(local, remote, what, local.stat().st_size)
+
+    def _put(self, src: bytes | Path, remote: str, what: str, size: int) -> None:
+        parent, _, base = remote.rpartition("/")
+        tmp = f"{parent}/.{base}.{secrets.token_hex(4)}.tmp"
+        cmd = f"mkdir -p -- {shlex.quote(parent)} && cat > {shlex.quote(tmp)} && mv -f -- {shlex.quote(tmp)} {shlex.quote(remote)}"
+        r = self.ssh.run(cmd, stdin=src)
+        if r.exit_status != 0:
+            self.ssh.run(sh("rm", "-f", "--", tmp))
+            raise SSHError(
+                f"upload of {what} to {self.profile.name}:{remote} failed: {r.stderr.strip()[-200:]}",
+                f"check space and permissions of cache_dir {self.profile.cache_dir!r} on the device",
+            )
+        self.harness["uploaded_files"].append(what)
+        self.harness["uploaded_bytes"] += size
+
+    def _upload_bundle(self, cb: CachedBundle) -> None:
+        tmp = f"{cb.remote}.{secrets.token_hex(4)}.tmp"
+        for rel in cb.files:
+            self._upload_file(cb.local / rel, f"{tmp}/{rel}", f"bundle file {rel}")
+        final = f"{cb.remote}/{COMPLETE}"
+        q = shlex.quote
+        # a concurrent bench may have finished the same upload: keep whichever complete copy is there
+        cmd = (
+            f"date > {q(tmp + '/' + COMPLETE)} && "
+            f"if [ -e {q(final)} ]; then rm -rf -- {q(tmp)}; else rm -rf -- {q(cb.remote)} && mv -- {q(tmp)} {q(cb.remote)}; fi"
+        )
+        r = self.ssh.run(cmd)
+        if r.exit_status != 0:
+            raise SSHError(
+                f"cannot finish the bundle upload on {self.profile.name}: {r.stderr.strip()[-200:]}"
+            )
+
+    def _device_facts(self) -> dict[str, Any]:
+        r = self.ssh.run(sh(self.python, self.runner_path, "info"), timeout=INFO_TIMEOUT_S)
+        if r.exit_status == 127 or (r.exit_status != 0 and "No such file" in r.stderr):
+            raise SSHError(
+                f"no Python at {self.profile.python!r} on {self.profile.name}",
+                f"run `quarl-edge devices setup {self.profile.name}` or set python in the device profile",
+            )
+        info = next((json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")), None)
+        if r.exit_status != 0 or not info:
+            tail = (r.stderr.strip().splitlines() or [f"exit code {r.exit_status}"])[-1]
+            raise SSHError(
+                f"the runner does not start on {self.profile.name} ({tail})",
+                f"the device's Python needs numpy and a runtime: quarl-edge devices setup {self.profile.name}",
+            )
+        info.pop("event", None)
+        facts: dict[str, Any] = {
+            "name": self.profile.name,
+            "transport": "ssh",
+            "host": self.ssh.host,
+            "port": self.ssh.port,
+            "emulated": self.profile.emulated,
+            **info,
+        }
+        if self.profile.arch and info.get("machine") and info["machine"] != self.profile.arch:
+            facts["warning"] = f"profile says {self.profile.arch}, the device is {info['machine']}"
+        return facts
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def __call__(self, bundle: Path, args: list[str]) -> Iterator[Event]:
+        """Run ``python runner.pyz run --bundle <cached bundle> ARGS`` on the device; yield its events."""
+        bundle = Path(bundle)
+        args = list(args)
+        trace = Path(args[args.index("--trace") + 1]) if "--trace" in args else None
+        self.prepare(bundle, trace)
+        if trace is not None:
+            args[args.index("--trace") + 1] = self.traces[trace]
+        cmd = sh(self.python, self.runner_path, "run", "--bundle", self.bundles[bundle].remote, *args)
+        for line in self.ssh.stream(cmd):
+            line = line.strip()
+            if line.startswith("{"):
+                yield json.loads(line)
+        last = self.ssh.last
+        if last.exit_status not in (0, 2):
+            tail = (last.stderr.strip().splitlines() or [f"exit code {last.exit_status}"])[-1]
+            raise QuarlError(
+                f"the runner crashed on {self.profile.name}: {tail}",
+                "run again with --debug, or report a bug",
+            )

@@ -1,0 +1,197 @@
+"""``quarl-edge devices setup NAME``: a venv with the runtime's wheels on a board that has no internet.
+
+The host downloads the device's wheels (devices/wheelhouse.py), uploads them over SSH and runs
+:func:`quarl_edge.devices.wheelhouse.setup_commands` there. The remote side is a two-method protocol:
+devices/ssh.py's connection normally, :class:`OpenSSH` (the system's ``ssh``/``scp``, as strict about
+host keys) where asyncssh, which devices/ssh.py needs, is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from quarl_edge.devices import wheelhouse
+from quarl_edge.devices.wheelhouse import DEVICE_VENV, DEVICE_WHEELS
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+
+
+class RemoteShell(Protocol):
+    def run(self, command: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run one shell command line on the device (arguments already quoted)."""
+        ...
+
+    def put(self, files: list[Path], remote_dir: str, *, timeout: float) -> None:
+        """Copy local files into an existing remote folder."""
+        ...
+
+
+class SetupError(QuarlError):
+    """A remote step of `devices setup` failed."""
+
+
+@dataclass(frozen=True)
+class OpenSSH:
+    """The system OpenSSH client, never asking questions: key auth only, unknown or changed host keys refused."""
+
+    host: str
+    user: str = ""
+    port: int = 22
+    identity: str | None = None
+    known_hosts: str | None = None
+    connect_timeout: int = 15
+
+    def options(self) -> list[str]:
+        opts = [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ConnectTimeout={self.connect_timeout}",
+        ]
+        opts += ["-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        if self.identity:
+            opts += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        if self.known_hosts:
+            opts += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
+        return opts
+
+    def target(self) -> str:
+        """``user@host`` (``host`` alone lets ~/.ssh/config choose the user)."""
+        if self.host.startswith("-") or (self.user or "").startswith("-"):
+            raise InputError(
+                f"device host {self.host!r} / user {self.user!r} cannot start with '-'", "fix the profile"
+            )
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    def run(self, command: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", *self.options(), "-p", str(self.port), self.target(), "--", command]
+        try:
+            return subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            raise SetupError(
+                f"`{command[:60]}` on {self.host} took over {timeout:.0f} s", "check the device"
+            ) from None
+
+    def put(self, files: list[Path], remote_dir: str, *, timeout: float) -> None:
+        # scp (SFTP protocol): the remote name is not passed through a shell
+        argv = ["scp", "-q", *self.options(), "-P", str(self.port), *map(str, files)]
+        argv.append(f"{self.target()}:{remote_dir}/")
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise SetupError(
+                f"upload to {self.host} failed ({_last_line(proc.stderr)})",
+                "check the device's disk and SSH access",
+            )
+
+
+def setup(
+    shell: RemoteShell,
+    wheels: list[Path],
+    *,
+    python: str = "python3",
+    venv: str = DEVICE_VENV,
+    wheel_dir: str = DEVICE_WHEELS,
+    packages: tuple[str, ...] = wheelhouse.RUNTIME_PACKAGES,
+    timeout: float = 1800,
+) -> str:
+    """Upload ``wheels`` and build the venv on the device; returns the venv's python (device path)."""
+    if not wheels:
+        raise InputError("no wheels to install", "download a wheelhouse first")
+    commands = wheelhouse.setup_commands(
+        python, [w.name for w in wheels], venv=venv, wheel_dir=wheel_dir, packages=packages
+    )
+    _check(shell.run(commands[0], timeout=60), commands[0])  # mkdir -p for the upload
+    shell.put(wheels, wheel_dir, timeout=timeout)
+    for cmd in commands[1:]:
+        _check(shell.run(cmd, timeout=timeout), cmd)
+    return f"{venv}/bin/python"
+
+
+def _check(proc: subprocess.CompletedProcess[str], command: str) -> None:
+    if proc.returncode != 0:
+        raise SetupError(
+            f"`{command[:80]}` failed on the device with exit code {proc.returncode} ({_last_line(proc.stderr or proc.stdout)})",
+            "is python3-venv installed there? (`sudo apt-get install python3-venv`)",
+        )
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+@contextlib.contextmanager
+def open_device(name: str) -> Iterator[tuple[RemoteShell, str]]:
+    """A connected remote shell to device ``name`` and the venv its profile's ``python`` lives in.
+
+    The SSH transport of devices/ssh.py (asyncssh: strict host keys, ~/.ssh/config, keepalives);
+    without asyncssh, the system's OpenSSH client with the same strictness.
+    """
+    from quarl_edge.devices import profiles
+
+    profile = profiles.load_profile(name)
+    if profile.transport != "ssh":
+        raise InputError(f"device {name!r} is reached by {profile.transport!r}, not SSH", "set it up by hand")
+    venv = venv_of(profiles.remote_path(profile.python))
+    try:
+        from quarl_edge.devices.ssh import SSHConnection
+
+        conn = SSHConnection(profile)
+    except MissingDependencyError:
+        identity, known_hosts = (
+            profiles.local_path(profile.identity),
+            profiles.local_path(profile.known_hosts),
+        )
+        yield (
+            OpenSSH(
+                host=profile.ssh_host,
+                user=profile.user or "",
+                port=profile.port or 22,
+                identity=str(identity) if identity else None,
+                known_hosts=str(known_hosts) if known_hosts else None,
+                connect_timeout=int(profile.connect_timeout),
+            ),
+            venv,
+        )
+        return
+    with conn:
+        yield _ConnectionShell(conn), venv
+
+
+class _ConnectionShell:
+    """:class:`RemoteShell` over a devices/ssh.py connection (uploads through ``cat``, then an atomic rename)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def run(self, command: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
+        r = self.conn.run(command, timeout=timeout)
+        code = r.exit_status if r.exit_status is not None else -1
+        return subprocess.CompletedProcess([command], code, r.stdout, r.stderr)
+
+    def put(self, files: list[Path], remote_dir: str, *, timeout: float) -> None:
+        for f in files:
+            dest, tmp = f"{remote_dir}/{f.name}", f"{remote_dir}/.{f.name}.tmp"
+            q = shlex.quote
+            r = self.conn.run(f"cat > {q(tmp)} && mv -f -- {q(tmp)} {q(dest)}", timeout=timeout, stdin=f)
+            if r.exit_status != 0:
+                raise SetupError(
+                    f"upload of {f.name} failed ({_last_line(r.stderr)})", "check the device's disk"
+                )
+
+
+def venv_of(python: str) -> str:
+    """``X/bin/python`` -> ``X``; a bare interpreter (``python3``) -> the default venv."""
+    for suffix in ("/bin/python", "/bin/python3"):
+        if python.endswith(suffix) and len(python) > len(suffix):
+            return python[: -len(suffix)]
+    return DEVICE_VENV

@@ -1,0 +1,204 @@
+"""Offline installs for boards: download the device's wheels on the host, install them there without a network.
+
+Boards often have no internet (and pip inside a qemu chroot cannot verify TLS), so the host downloads
+binary wheels for the device's platform (``pip download --only-binary=:all: --platform ...``) into a
+wheelhouse folder; the device then installs them with ``pip install --no-index``. The emulated Pi 4
+build and ``quarl-edge devices setup`` share this code and the exact same remote commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.runtimes.fsutil import atomic_directory
+
+# What the device runner imports (runtimes/: numpy + one runtime + gymnasium for closed-loop episodes).
+RUNTIME_PACKAGES: tuple[str, ...] = ("numpy", "onnxruntime", "gymnasium")
+# Where `setup` puts things on a device, relative to the login directory unless absolute (the built-in
+# profiles' `python = "~/.local/share/quarl-edge/venv/bin/python"` and `cache_dir = "~/.cache/quarl-edge"`).
+DEVICE_VENV = ".local/share/quarl-edge/venv"
+DEVICE_WHEELS = ".cache/quarl-edge/wheels"
+_GLIBC = re.compile(r"^\d+\.\d+$")
+
+
+@dataclass(frozen=True)
+class WheelhouseSpec:
+    """The device platform the wheels are for, and what to install."""
+
+    arch: str = "aarch64"
+    """Machine as `uname -m` prints it (aarch64, armv7l, x86_64)."""
+    python_version: str = "3.11"
+    """The device's python3 (Debian bookworm ships 3.11)."""
+    glibc: str = "2.36"
+    """The device's glibc; manylinux wheels up to this version are accepted (bookworm: 2.36)."""
+    packages: tuple[str, ...] = field(default=RUNTIME_PACKAGES)
+    """Requirements as pip reads them (names, optionally with version specifiers)."""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"3\.\d+", self.python_version):
+            raise InputError(f"python version {self.python_version!r} is not like 3.11", "pass e.g. 3.11")
+        if not _GLIBC.fullmatch(self.glibc):
+            raise InputError(f"glibc version {self.glibc!r} is not like 2.36", "pass e.g. 2.36")
+        if not re.fullmatch(r"[a-z0-9_]+", self.arch):
+            raise InputError(f"architecture {self.arch!r} is not a machine name", "use e.g. aarch64")
+        for p in self.packages:
+            if not p or p.startswith("-"):
+                raise InputError(f"package {p!r} is not a requirement", "pass a name like onnxruntime")
+
+    def platform_tags(self) -> list[str]:
+        """Every manylinux tag a device with this glibc accepts (pip does not expand manylinux_2_X)."""
+        major, minor = (int(x) for x in self.glibc.split("."))
+        tags = [f"manylinux_{major}_{m}_{self.arch}" for m in range(minor, 16, -1)]
+        if (major, minor) >= (2, 17):
+            tags.append(f"manylinux2014_{self.arch}")
+        return tags
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def host_pinned(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """Pin each package to the host's installed version: drift then measures ARM kernels, not versions."""
+    from importlib import metadata
+
+    out = []
+    for p in packages:
+        try:
+            out.append(f"{p}=={metadata.version(p)}")
+        except metadata.PackageNotFoundError:
+            out.append(p)
+    return tuple(out)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "quarl-edge"
+
+
+def default_dir(spec: WheelhouseSpec) -> Path:
+    py = spec.python_version.replace(".", "")
+    return cache_dir() / "wheelhouse" / f"{spec.arch}-cp{py}-{spec.key()}"
+
+
+def download_command(spec: WheelhouseSpec, dest: Path) -> list[str]:
+    py = spec.python_version.replace(".", "")
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:"]
+    for tag in spec.platform_tags():
+        cmd += ["--platform", tag]
+    cmd += ["--python-version", spec.python_version, "--implementation", "cp", "--abi", f"cp{py}"]
+    return [*cmd, "--dest", str(dest), *spec.packages]
+
+
+def download(spec: WheelhouseSpec, dest: Path | None = None, *, refresh: bool = False) -> list[Path]:
+    """The wheel files for ``spec`` in ``dest`` (default: a cache folder per spec), downloading once.
+
+    A ``wheelhouse.json`` written last records the spec and the files: a folder without it (an
+    interrupted download) is downloaded again.
+    """
+    dest = dest or default_dir(spec)
+    manifest = dest / "wheelhouse.json"
+    if not refresh and manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text())
+            files = [dest / n for n in data["wheels"]]
+            if data.get("key") == spec.key() and files and all(f.is_file() for f in files):
+                return files
+        except (ValueError, KeyError, TypeError):
+            pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(dest) as tmp:
+        proc = subprocess.run(download_command(spec, tmp), capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = " ".join(proc.stderr.strip().splitlines()[-2:])
+            raise MissingDependencyError(
+                f"pip could not download {spec.arch} wheels for Python {spec.python_version} ({tail})",
+                "check the host's network or package index, or pass --wheelhouse DIR with the wheels",
+            )
+        names = sorted(p.name for p in tmp.glob("*.whl"))
+        _write_manifest(tmp / "wheelhouse.json", spec, names)
+    return [dest / n for n in names]
+
+
+def resolve(spec: WheelhouseSpec, folder: Path | None = None) -> list[Path]:
+    """The wheels to install: those already in ``folder`` (``--wheelhouse``, e.g. carried to an offline
+    host), else downloaded into ``folder`` or into the cache."""
+    if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"wheelhouse {str(folder)!r} is not a folder", "pass a folder of .whl files")
+        wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
+        if wheels:
+            return wheels
+    return download(spec, folder)
+
+
+def _write_manifest(path: Path, spec: WheelhouseSpec, names: list[str]) -> None:
+    data = {"schema": 1, "key": spec.key(), "spec": asdict(spec), "wheels": names}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def content_hash(wheels: list[Path]) -> str:
+    """Names and sizes of the wheels: what decides whether an installed venv is stale."""
+    h = hashlib.sha256()
+    for w in sorted(wheels, key=lambda p: p.name):
+        h.update(f"{w.name}:{w.stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def setup_commands(
+    python: str,
+    wheel_names: list[str],
+    *,
+    venv: str = DEVICE_VENV,
+    wheel_dir: str = DEVICE_WHEELS,
+    packages: tuple[str, ...] = RUNTIME_PACKAGES,
+) -> list[str]:
+    """Shell commands (each one line, every argument quoted) that build the device venv from uploaded wheels.
+
+    ``python`` is the device's system interpreter (``python3``); the wheels are expected in
+    ``wheel_dir``. Relative paths are relative to the login directory (the SSH default).
+    The imports of ``packages`` are then proven in the new venv, and the uploaded wheels removed.
+    """
+    if not wheel_names:
+        raise InputError("no wheels to install", "download a wheelhouse first")
+    # Exact name==version pins from the file names: pip then takes exactly these files from the folder
+    # (a file path argument would be parsed as a requirement, and `;` in a path as a marker).
+    pins = [_pin(n) for n in wheel_names]
+    q = shlex.quote
+    vpy = f"{venv}/bin/python"
+    modules = ", ".join(_module_name(p) for p in packages)
+    return [
+        f"mkdir -p {q(wheel_dir)}",
+        f"{q(python)} -m venv --clear {q(venv)}",
+        " ".join(
+            [q(vpy), "-m", "pip", "install", "--no-index", "--no-cache-dir", "--disable-pip-version-check"]
+            + ["--find-links", q(wheel_dir), *(q(p) for p in pins)]
+        ),
+        f"{q(vpy)} -c {q(f'import {modules}')}",
+        f"rm -rf -- {q(wheel_dir)}",  # installed: the wheels would only take the board's SD card
+    ]
+
+
+_WHEEL = re.compile(r"^([A-Za-z0-9_.]+)-([A-Za-z0-9_.!+]+)(-\d[^-]*)?-[^-/]+-[^-/]+-[^-/]+\.whl$")
+
+
+def _pin(wheel_name: str) -> str:
+    m = _WHEEL.fullmatch(wheel_name)
+    if not m:
+        raise InputError(f"{wheel_name!r} is not a wheel file name", "pass bare *.whl names")
+    return f"{m.group(1)}=={m.group(2)}"
+
+
+def _module_name(requirement: str) -> str:
+    name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+    return {"ai-edge-litert": "ai_edge_litert", "tflite-runtime": "tflite_runtime", "ale-py": "ale_py"}.get(
+        name, name.replace("-", "_")
+    )

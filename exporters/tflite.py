@@ -1,0 +1,433 @@
+"""torch -> TFLite (LiteRT) with litert-torch: fp32, fp16 (fp16 weights), int8 (PT2E static, full integer).
+
+litert-torch converts the PolicyNet itself (pre- and postprocessing included), so a TFLite model takes the
+raw observation and returns the environment action, like the ONNX one. int8 is PT2E static quantization
+(torchao's prepare/convert with litert-torch's quantizer) calibrated on the same recorded observations as
+ONNX: int8 weights (per-channel by default) and int8 activations, integer kernels for those layers. Image
+policies take uint8 frames directly (the /255 stays in the graph); vector policies keep float32 input and
+output. See the README for why litert-torch rather than TensorFlow's TFLiteConverter.
+
+litert-torch, torchao and ai-edge-litert are the optional ``tflite`` extra; they are imported only when a
+TFLite target runs, so this module registers its targets either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from quarl_edge.exporters.base import (
+    ExportContext,
+    ExportedModel,
+    Requirement,
+    missing_dependency,
+    register,
+)
+from quarl_edge.policies import Policy
+from quarl_edge.runtimes.errors import InputError
+
+TFLITE = Requirement(modules=("litert_torch", "torchao", "ai_edge_litert"), extra="tflite")
+COMPUTE_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
+CALIBRATION_BATCH = 64
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _toolchain(**extra: str) -> dict[str, str]:
+    return {
+        "converter": f"litert-torch {_version('litert-torch')} (torch {torch.__version__})",
+        "read_back_with": f"ai-edge-litert {_version('ai-edge-litert')}",
+        **extra,
+    }
+
+
+def _litert_torch(name: str) -> Any:
+    try:
+        with _quiet():  # its native libraries log on import
+            import litert_torch
+    except ImportError as e:
+        raise missing_dependency(name, e.name or "litert_torch", TFLITE) from None
+    litert_torch.config.show_progress = False
+    return litert_torch
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the converter's chatter (progress lines, C++ logs, the quantizer's size report) off the
+    terminal: stdout must stay clean for --json, and a failure must end in the one error line.
+    QUARL_EDGE_DEBUG=1 (or --debug) lets it through."""
+    if os.environ.get("QUARL_EDGE_DEBUG", "") not in ("", "0"):
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    root = logging.getLogger()
+    level = root.level
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root.setLevel(logging.ERROR)
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            root.setLevel(level)
+
+
+def _example(policy: Policy, batch: int = 1) -> torch.Tensor:
+    space = policy.spec.observation_space
+    dtype = torch.uint8 if space.dtype == "uint8" else torch.float32
+    return torch.zeros((batch, *space.shape), dtype=dtype)
+
+
+# ---- conversion and its failures -------------------------------------------------------------------
+
+_OP = re.compile(r"(?:Lowering not found|not supported|unsupported)[^:]*:\s*(?:torch\.ops\.)?([\w.]+)", re.I)
+
+
+def _failing_layer(net: nn.Module, example: torch.Tensor, message: str) -> str | None:
+    """Which layer of ``net`` holds the op named in a converter error: "'mlp.1' (Erfinv)"."""
+    m = _OP.search(message)
+    if m is None:
+        return None
+    op = m.group(1).removeprefix("aten.")
+    base = op.split(".")[0]
+    try:
+        with _quiet():
+            program = torch.export.export(net, (example,))
+            graphs = [program.graph, program.run_decompositions().graph]
+    except Exception:  # torch.export itself failed: nothing to match against
+        return None
+    for graph in graphs:
+        for node in graph.nodes:
+            target = str(node.target).removeprefix("aten.")
+            if node.op == "call_function" and (target == op or target.split(".")[0] == base):
+                stack = list(node.meta.get("nn_module_stack", {}).values())
+                if stack and stack[-1][0]:
+                    path, cls = stack[-1]
+                    return f"{path!r} ({str(getattr(cls, '__name__', cls)).rsplit('.', 1)[-1]})"
+                return f"{node.name!r} (in the policy's own forward)"
+    return None
+
+
+def _convert(
+    name: str,
+    policy: Policy,
+    path: Path,
+    module: nn.Module | None = None,
+    quant_config: Any = None,
+) -> Path:
+    """litert_torch.convert with a batch-1 signature, written to ``path``; one-line errors naming the layer."""
+    litert_torch = _litert_torch(name)
+    example = _example(policy)
+    try:
+        with _quiet(), torch.no_grad():
+            model = litert_torch.convert(module or policy.net, (example,), quant_config=quant_config)
+            model.export(str(path))
+    except Exception as e:  # the converter raises many types; name the layer the user can act on
+        text = str(e).strip()
+        first = text.splitlines()[0][:200] if text else type(e).__name__
+        layer = _failing_layer(policy.net, example, text)
+        where = f"layer {layer}: " if layer else ""
+        raise InputError(
+            f"TFLite conversion failed: {where}{first}",
+            "LiteRT cannot convert that op; replace the layer, or export to ONNX only (--to onnx-...)",
+        ) from None
+    return path
+
+
+# ---- what the converted file says ------------------------------------------------------------------
+
+
+def _layer_name(tensor_name: str) -> str:
+    """'...Sequential_mlp/torch.nn.modules.linear.Linear_2;1' -> 'mlp.2' (the module path)."""
+    parts = tensor_name.split(";")[0].split("/")[1:]
+    attrs = [p.rsplit(".", 1)[-1].split("_", 1)[1] for p in parts if "_" in p.rsplit(".", 1)[-1]]
+    return ".".join(attrs) if attrs and len(attrs) == len(parts) else tensor_name
+
+
+def compute_layers(policy: Policy) -> list[str]:
+    """Module paths of the Linear / Conv2d layers, in the order the converted graph runs them."""
+    return [n for n, m in policy.net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+
+
+def _qparams(d: dict[str, Any]) -> dict[str, Any] | None:
+    q = d.get("quantization_parameters") or {}
+    scales = np.asarray(q.get("scales", []))
+    if scales.size == 0:
+        return None
+    zps = np.asarray(q.get("zero_points", []))
+    if scales.size == 1:
+        return {"scale": float(scales[0]), "zero_point": int(zps[0]) if zps.size else 0}
+    return {"scales": int(scales.size), "axis": int(q.get("quantized_dimension", 0))}
+
+
+def _tensor(d: dict[str, Any]) -> dict[str, Any]:
+    shape = d.get("shape_signature", d["shape"])
+    out: dict[str, Any] = {
+        "name": d["name"],
+        "dtype": np.dtype(d["dtype"]).name,
+        "shape": [int(s) if s >= 0 else None for s in shape],
+    }
+    q = _qparams(d)
+    if q is not None:
+        out["quantization"] = q
+    return out
+
+
+def read_back(path: Path, layer_names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """I/O and quantization parameters as the converted file states them (via the LiteRT interpreter).
+
+    Compute ops are labelled with ``layer_names`` (module paths, graph order) when the counts match,
+    else from the converter's tensor names."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with _quiet():
+        interp = Interpreter(model_path=str(path), num_threads=1)
+    tensors = {d["index"]: d for d in interp.get_tensor_details()}
+    inputs = [_tensor(d) for d in interp.get_input_details()]
+    outputs = [_tensor(d) for d in interp.get_output_details()]
+    ops = interp._get_ops_details()  # the only API that lists a model's ops and their tensors
+    compute = [op for op in ops if op["op_name"] in COMPUTE_OPS]
+    if layer_names is None or len(layer_names) != len(compute):
+        layer_names = [_layer_name(tensors[op["outputs"][0]]["name"]) for op in compute]
+    layers = []
+    for op, label in zip(compute, layer_names, strict=True):
+        x, w = tensors[op["inputs"][0]], tensors[op["inputs"][1]]
+        wq = _qparams(w)
+        layers.append(
+            {
+                "layer": label,
+                "op": op["op_name"],
+                "weights": np.dtype(w["dtype"]).name,
+                "per_channel": bool(wq and "scales" in wq),
+                "input": np.dtype(x["dtype"]).name,
+            }
+        )
+    integer = {"int8", "uint8"}
+    quant = {
+        "ops": dict(Counter(op["op_name"] for op in ops if op["op_name"] != "DELEGATE")),
+        "layers": layers,
+        "int8_weight_tensors": sum(lay["weights"] == "int8" for lay in layers),
+        "per_channel_weight_tensors": sum(lay["per_channel"] for lay in layers),
+        "integer_layers": [lay["layer"] for lay in layers if lay["input"] in integer],
+        "float_layers": [lay["layer"] for lay in layers if lay["input"] not in integer],
+        "input": inputs[0],
+        "output": outputs[0],
+    }
+    return {"inputs": inputs, "outputs": outputs}, quant
+
+
+# ---- fp32 / fp16 -----------------------------------------------------------------------------------
+
+
+@register("tflite-fp32", requires=TFLITE)
+def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
+    _convert("tflite-fp32", ctx.policy, path)
+    io_, params = read_back(path, compute_layers(ctx.policy))
+    quant = {"scheme": "none", "ops": params["ops"]}
+    return ExportedModel(path, "tflite", "fp32", quant, io_, _toolchain())
+
+
+@register("tflite-fp16", requires=TFLITE)
+def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
+    _litert_torch("tflite-fp16")  # the install command if missing; progress output off
+    from litert_torch.generative.quantize.quant_recipes import full_fp16_recipe
+
+    _convert("tflite-fp16", ctx.policy, path, quant_config=full_fp16_recipe())
+    io_, params = read_back(path, compute_layers(ctx.policy))
+    quant = {
+        "scheme": "fp16 weights (dequantized at load), float32 compute and I/O",
+        "ops": params["ops"],
+        "layers": params["layers"],
+    }
+    return ExportedModel(
+        path,
+        "tflite",
+        "fp16",
+        quant,
+        io_,
+        _toolchain(quantizer=f"ai-edge-quantizer {_version('ai-edge-quantizer')}"),
+    )
+
+
+# ---- int8 ------------------------------------------------------------------------------------------
+
+
+def quantized_layers(policy: Policy, float_io_layers: bool) -> tuple[list[str], list[str]]:
+    """(int8 layers, float layers) by module path.
+
+    With ``float_io_layers`` the output layer stays in float, and for vector observations the first
+    layer too, for the reason given in exporters/onnx.py ``_float_io_nodes`` (one int8 scale for a raw
+    vector observation loses its small-range dimensions). A vector policy then keeps float32 input.
+    """
+    layers = compute_layers(policy)
+    keep: list[str] = []
+    if float_io_layers and layers:
+        keep.append(layers[-1])
+        if not policy.spec.observation_space.is_image and len(layers) > 1:
+            keep.insert(0, layers[0])
+    return [n for n in layers if n not in keep], keep
+
+
+def _observer(method: str, percentile: float) -> Any:
+    from torchao.quantization.pt2e.observer import HistogramObserver, MinMaxObserver
+
+    if method == "minmax":
+        return MinMaxObserver
+    if method == "entropy":  # torchao's histogram observer: L2-error range search, closest to entropy
+        return HistogramObserver
+
+    class PercentileObserver(HistogramObserver):
+        """Range clipped to the central ``percentile`` % of the calibration histogram."""
+
+        def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
+            cdf = torch.cumsum(self.histogram, 0) / torch.sum(self.histogram).clamp(min=1)
+            tail = (1.0 - percentile / 100.0) / 2.0
+            width = (self.max_val - self.min_val) / self.bins
+            lo = int(torch.searchsorted(cdf, torch.tensor(tail)).item())
+            hi = int(torch.searchsorted(cdf, torch.tensor(1.0 - tail)).item())
+            return self.min_val + width * lo, self.min_val + width * min(hi + 1, self.bins)
+
+    return PercentileObserver
+
+
+def _quantizer(ctx: ExportContext, float_layers: list[str], per_channel: bool) -> Any:
+    from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer
+    from litert_torch.quantize.pt2e_quantizer_utils import QuantizationConfig, propagate_annotation
+    from torchao.quantization.pt2e.observer import MinMaxObserver, PerChannelMinMaxObserver
+    from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec, QuantizationSpec
+
+    cfg = ctx.config
+    act = QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-128,
+        quant_max=127,
+        qscheme=torch.per_tensor_affine,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=_observer(cfg.calibration_method, cfg.percentile).with_args(eps=2**-12),
+    )
+    weight_observer = PerChannelMinMaxObserver if per_channel else MinMaxObserver
+    weight = QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-127,
+        quant_max=127,
+        qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
+        ch_axis=0,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=weight_observer.with_args(eps=2**-12),
+    )
+    fixed = FixedQParamsQuantizationSpec(  # TFLite's fixed ranges for logistic / softmax outputs
+        dtype=torch.int8,
+        scale=1 / 256,
+        zero_point=-128,
+        quant_min=-128,
+        quant_max=127,
+        qscheme=torch.per_tensor_affine,
+    )
+    config = QuantizationConfig(act, act, weight, None, fixed, False, False)
+    skip = set(float_layers)
+
+    def quantize_node(node: torch.fx.Node) -> bool:
+        # the innermost module that ran the op; the policy's own forward ('': uint8 scaling, obs
+        # normalization, the action head) and the layers kept in float stay float. Nodes without a
+        # module stack (weights, the input) go with the op that uses them.
+        stack = list(node.meta.get("nn_module_stack", {}).values())
+        if not stack:
+            return True
+        owner = str(stack[-1][0])
+        return owner != "" and owner not in skip
+
+    class LayerQuantizer(PT2EQuantizer):  # type: ignore[misc]
+        """litert-torch's static int8 quantizer with a layer filter of ours (its module-name filter
+        does not match torch 2.13's module stack keys)."""
+
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            self._annotate_all_static_patterns(model, self.global_config, quantize_node)
+            propagate_annotation(model)
+            return model
+
+    return LayerQuantizer().set_global(config)
+
+
+def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
+    """prepare_pt2e -> run the calibration observations -> convert_pt2e (Q/DQ graph for the converter)."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    assert ctx.calibration is not None
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    with _quiet():
+        program = torch.export.export(
+            ctx.policy.net, (_example(ctx.policy, 2),), dynamic_shapes=({0: batch},)
+        )
+        prepared = prepare_pt2e(program.module(), quantizer)
+        with torch.no_grad():
+            for i in range(0, len(ctx.calibration), CALIBRATION_BATCH):
+                prepared(torch.as_tensor(np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])))
+        return convert_pt2e(prepared, fold_quantize=False)
+
+
+@register("tflite-int8", calibrated=True, requires=TFLITE)
+def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
+    if ctx.calibration is None or len(ctx.calibration) == 0:
+        raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
+    _litert_torch("tflite-int8")  # the install command if missing; progress output off
+    from litert_torch.quantize.quant_config import QuantConfig
+
+    cfg = ctx.config
+    per_channel = True if cfg.per_channel is None else cfg.per_channel
+    int8_layers, float_layers = quantized_layers(ctx.policy, cfg.float_io_layers)
+    quantizer = _quantizer(ctx, float_layers, per_channel)
+    try:
+        module = _calibrated(ctx, quantizer)
+    except Exception as e:  # torch.export / PT2E preparation: same one-line report as the converter
+        layer = _failing_layer(ctx.policy.net, _example(ctx.policy), str(e))
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(
+            f"TFLite int8 calibration failed: {f'layer {layer}: ' if layer else ''}{first}",
+            "export to ONNX only (--to onnx-...), or replace that layer",
+        ) from None
+    _convert(
+        "tflite-int8", ctx.policy, path, module=module, quant_config=QuantConfig(pt2e_quantizer=quantizer)
+    )
+    io_, params = read_back(path, compute_layers(ctx.policy))
+    quant = {
+        "scheme": "static int8 (PT2E): int8 weights, int8 activations, integer kernels",
+        "calibration_method": cfg.calibration_method,
+        "activation_observer": _observer(cfg.calibration_method, cfg.percentile).__name__,
+        "percentile": cfg.percentile if cfg.calibration_method == "percentile" else None,
+        "per_channel": per_channel,
+        "calibration_samples": int(len(ctx.calibration)),
+        "requested_int8_layers": int8_layers,
+        "float_nodes": float_layers,
+        **params,
+    }
+    return ExportedModel(
+        path, "tflite", "int8", quant, io_, _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)")
+    )

@@ -1,0 +1,120 @@
+"""LiteRT (TFLite) adapter: ai_edge_litert, else tflite_runtime, else tensorflow.lite.
+
+Explicit thread count and the interpreter's default delegate (XNNPACK on CPU). TFLite models have a fixed
+batch (the exporter writes batch 1): a batch of observations runs row by row. A model whose input or
+output tensor is quantized (a full-int8 vector policy) is fed and read in float here, with the scale and
+zero point the file states, so callers never see the difference.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .adapters import register
+from .errors import IntegrityError, MissingDependencyError
+
+INSTALL = "install one with: pip install ai-edge-litert (or tflite-runtime on boards it has no wheel for)"
+
+
+def _dist_version(dist: str, module: Any) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return str(getattr(module, "__version__", "unknown"))
+
+
+def interpreter_class() -> tuple[Any, str]:
+    """The first TFLite interpreter installed, and its runtime string."""
+    try:
+        from ai_edge_litert import interpreter as litert
+
+        return litert.Interpreter, f"ai-edge-litert {_dist_version('ai-edge-litert', litert)}"
+    except ImportError:
+        pass
+    try:
+        from tflite_runtime import interpreter as tflite_rt
+
+        return tflite_rt.Interpreter, f"tflite-runtime {_dist_version('tflite-runtime', tflite_rt)}"
+    except ImportError:
+        pass
+    try:
+        # Last resort on a host that has full TensorFlow and nothing smaller; never on a device.
+        tf = importlib.import_module("tensorflow")
+        return tf.lite.Interpreter, f"tensorflow.lite {tf.__version__}"
+    except ImportError:
+        pass
+    raise MissingDependencyError("no TFLite runtime is installed", INSTALL)
+
+
+def _quant(d: dict[str, Any]) -> tuple[float, int] | None:
+    """(scale, zero point) of a per-tensor quantized int8/uint8 tensor, else None (raw uint8 frames)."""
+    if np.dtype(d["dtype"]) not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        return None
+    scale, zero_point = d.get("quantization", (0.0, 0))
+    return (float(scale), int(zero_point)) if scale else None
+
+
+class LiteRTSession:
+    format = "tflite"
+
+    def __init__(self, path: Path, threads: int = 1) -> None:
+        interpreter, self.runtime = interpreter_class()
+        try:
+            self._interp = interpreter(model_path=str(path), num_threads=threads)
+            self._interp.allocate_tensors()
+        except (ValueError, RuntimeError) as e:  # bad flatbuffer: "model identifier", verifier errors
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise IntegrityError(
+                f"{path.name!r} is not a loadable TFLite model ({first[:200]})", "re-export the bundle"
+            ) from None
+        inp = self._interp.get_input_details()[0]
+        out = self._interp.get_output_details()[0]
+        self._in, self._out = inp["index"], out["index"]
+        self._in_shape = tuple(int(s) for s in inp["shape"])
+        self._in_dtype = np.dtype(inp["dtype"])
+        self._in_q, self._out_q = _quant(inp), _quant(out)
+        # batch dimension: any (rows run one at a time); the rest is what the model was converted for
+        self.input_shape: tuple[int | None, ...] = (None, *self._in_shape[1:])
+        self.input_dtype = np.dtype(np.float32) if self._in_q else self._in_dtype
+        self._batch = self._in_shape[0] if self._in_shape else 1
+        self._set = self._interp.set_tensor
+        self._invoke = self._interp.invoke
+        self._get = self._interp.get_tensor
+
+    def _feed(self, obs: np.ndarray) -> np.ndarray:
+        if self._in_q is None:
+            return np.ascontiguousarray(obs, dtype=self._in_dtype)
+        scale, zp = self._in_q
+        info = np.iinfo(self._in_dtype)
+        q = np.round(np.asarray(obs, dtype=np.float32) / scale) + zp
+        return np.clip(q, info.min, info.max).astype(self._in_dtype)
+
+    def _read(self) -> np.ndarray:
+        y = self._get(self._out)
+        if self._out_q is None:
+            return y
+        scale, zp = self._out_q
+        return (y.astype(np.float32) - zp) * scale
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        x = self._feed(obs)
+        if x.shape[0] == self._batch:
+            self._set(self._in, x)
+            self._invoke()
+            return self._read()
+        rows = []
+        for i in range(0, x.shape[0], self._batch):
+            self._set(self._in, x[i : i + self._batch])
+            self._invoke()
+            rows.append(self._read())
+        return np.concatenate(rows) if rows else np.empty((0,), dtype=np.float32)
+
+
+@register("tflite")
+def _open(path: Path, threads: int) -> LiteRTSession:
+    return LiteRTSession(path, threads)

@@ -1,0 +1,624 @@
+"""Devices over SSH, against a real OpenSSH sshd on 127.0.0.1 that the tests start (the x86 "device").
+
+The sshd runs from a temporary folder with its own host key, a client key (0600) in authorized_keys,
+``UsePAM no`` and ``StrictModes no``; it is stopped by PID at the end, with any session it left.
+HOME and XDG_CONFIG_HOME point into tmp folders, so ~/.ssh and ~/.config/quarl-edge are the tests'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quarl_edge.bench import BenchConfig, bench, local_transport
+from quarl_edge.devices.profiles import load_profile, remote_path, write_device_entry
+from quarl_edge.devices.remote import SSHTransport
+from quarl_edge.devices.ssh import HostKeyError, SSHConnection, SSHError, sh
+from quarl_edge.devices.zipapp import build_runner_zip
+from quarl_edge.resume import BenchInterrupted, partial_path
+from quarl_edge.runtimes.errors import InputError
+
+SSHD = Path("/usr/sbin/sshd")
+MODELS = ["onnx-fp32", "onnx-fp16", "onnx-int8"]
+DEV = "sshdev"
+pytestmark = pytest.mark.skipif(
+    not SSHD.is_file(), reason="needs OpenSSH's sshd (apt-get install openssh-server)"
+)
+
+
+# ---- the sshd the tests talk to -------------------------------------------------------------------
+
+
+def keygen(path: Path, comment: str = "quarl-edge-test") -> Path:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True
+    )
+    return path
+
+
+def fingerprint(pub: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children first)."""
+    parent = {int(d): _ppid(int(d)) for d in os.listdir("/proc") if d.isdigit()}
+    out, frontier = [], [root]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class Sshd:
+    dir: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    host_pub: Path
+    client_key: Path
+    user: str
+    stopped: list[int] = field(default_factory=list)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.host_pub)
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_pub.read_text().split(' ')[0]} {self.host_pub.read_text().split()[1]}\n"
+
+    def cut_sessions(self) -> None:
+        """Drop every SSH connection: freeze what runs in the sessions, kill the sessions' sshd processes."""
+        below = descendants(self.proc.pid)
+        for pid in below:
+            if "sshd" not in cmdline(pid):
+                os.kill(pid, signal.SIGSTOP)  # the runner must not finish while the link dies
+                self.stopped.append(pid)
+        for pid in below:
+            if pid not in self.stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def freeze_sessions(self) -> None:
+        """A link that goes silent (no FIN, no RST): stop every process of the sessions, sshd included."""
+        for pid in descendants(self.proc.pid):
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.append(pid)
+
+    def reap_stopped(self) -> None:
+        for pid in self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.stopped.clear()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    d = tmp_path_factory.mktemp("sshd")
+    host_key = keygen(d / "host_ed25519", "test-host")
+    client_key = keygen(d / "client_ed25519")
+    (d / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+    port = free_port()
+    user = getpass.getuser()
+    (d / "sshd_config").write_text(
+        "\n".join(
+            [
+                f"ListenAddress 127.0.0.1:{port}",
+                f"HostKey {host_key}",
+                f"PidFile {d / 'sshd.pid'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                f"AllowUsers {user}",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "MaxStartups 64",
+                "LogLevel VERBOSE",
+            ]
+        )
+        + "\n"
+    )
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(
+            mode=0o755, exist_ok=True
+        )  # sshd's privilege-separation dir, as its package makes
+    log = (d / "sshd.log").open("wb")
+    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
+    server = Sshd(d, port, proc, Path(f"{host_key}.pub"), client_key, user)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited with {proc.returncode}: {(d / 'sshd.log').read_text()[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail("sshd did not listen within 15 s")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.reap_stopped()
+        leftovers = descendants(proc.pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.close()
+
+
+@dataclass
+class Env:
+    home: Path
+    config: Path
+    known_hosts: Path
+    cache: Path
+
+    def device(self, sshd: Sshd, name: str = DEV, **fields: Any) -> str:
+        """A [name] table in devices.toml reaching the test sshd; ``fields`` override (None removes)."""
+        entry: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": sshd.port,
+            "user": sshd.user,
+            "identity": str(sshd.client_key),
+            "known_hosts": str(self.known_hosts),
+            "python": sys.executable,
+            "cache_dir": str(self.cache),
+            "connect_timeout": 5,
+            "keepalive_interval": 2,
+        }
+        entry.update(fields)
+        table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in entry.items() if v is not None)
+        path = self.config / "devices.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(f'\n["{name}"]\n{table}\n')
+        return name
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return Env(home, xdg / "quarl-edge", tmp_path / "known_hosts", tmp_path / "remote cache")
+
+
+@pytest.fixture
+def trusted(env: Env, sshd: Sshd) -> Env:
+    """The test sshd's host key pinned in the device's known_hosts, and the device entry written."""
+    env.known_hosts.write_text(sshd.known_hosts_line())
+    env.device(sshd)
+    return env
+
+
+def one_error(p: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert "Traceback" not in p.stderr and len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    return lines[0]
+
+
+CFG = BenchConfig(episodes=3, latency_samples=100, warmup=10)
+
+
+# ---- profiles -------------------------------------------------------------------------------------
+
+
+def test_builtin_profiles_and_user_overrides(env: Env) -> None:
+    for name in ("rpi4", "rpi5", "rpi3b", "jetson-orin-nano", "local"):
+        p = load_profile(name)
+        assert p.default_threads >= 1 and p.preferred_runtime
+        if name != "local":
+            assert p.transport == "ssh" and p.arch == "aarch64" and p.cores >= 4 and p.python
+    assert load_profile("rpi4").ssh_host == "rpi4"  # a `Host rpi4` block in ~/.ssh/config is enough
+    env.config.mkdir(parents=True)
+    (env.config / "devices.toml").write_text(
+        '[rpi4]\nhost = "10.1.2.3"\nuser = "pi"\n\n[lab]\nextends = "rpi5"\nport = 2200\n'
+    )
+    p = load_profile("rpi4")
+    assert (p.host, p.user, p.cores, p.arch) == ("10.1.2.3", "pi", 4, "aarch64")
+    assert p.source[-1] == str(env.config / "devices.toml")
+    lab = load_profile("lab")
+    assert (lab.port, lab.cpu, lab.transport) == (2200, load_profile("rpi5").cpu, "ssh")
+    flagged = load_profile("rpi4", {"host": "10.9.9.9", "port": 2222, "user": None})
+    assert (flagged.host, flagged.port, flagged.user) == ("10.9.9.9", 2222, "pi")
+    assert flagged.cli_ref() == "rpi4 --host 10.9.9.9 --port 2222"
+
+
+def test_emulator_entry_is_a_drop_in_and_hand_edits_win(env: Env) -> None:
+    fields = {"extends": "rpi4", "host": "10.77.0.2", "port": 22, "user": "root", "emulated": True,
+              "identity": "/x/id_ed25519", "known_hosts": "/x/known_hosts", "python": "/opt/venv/bin/python"}  # fmt: skip
+    path = write_device_entry("rpi4-emu", fields, comment="written by a test")
+    assert path == env.config / "devices.d" / "rpi4-emu.toml"
+    p = load_profile("rpi4-emu")
+    assert p.emulated and p.known_hosts == "/x/known_hosts" and p.cpu == load_profile("rpi4").cpu
+    (env.config / "devices.toml").write_text("[rpi4-emu]\nport = 2022\n")
+    assert load_profile("rpi4-emu").port == 2022
+
+
+@pytest.mark.parametrize(
+    ("table", "expect"),
+    [
+        ('password = "hunter2"', "passwords are never stored"),
+        ('passphrase = "x"', "never stored"),
+        ('hots = "typo"', "unknown field 'hots'"),
+        ('port = "22"', "must be an integer"),
+        ('transport = "carrier-pigeon"', "unknown transport"),
+        ('extends = "nope"', "unknown device 'nope'"),
+    ],
+)
+def test_bad_user_entries_are_refused(env: Env, table: str, expect: str) -> None:
+    env.config.mkdir(parents=True)
+    (env.config / "devices.toml").write_text(f"[mine]\n{table}\n")
+    with pytest.raises(InputError, match=expect):
+        load_profile("mine")
+
+
+def test_devices_list_and_show_cli(cli: Any, env: Env, sshd: Sshd) -> None:
+    env.device(sshd)
+    p = cli("devices", "list", "--json")
+    assert p.returncode == 0, p.stderr
+    names = {d["name"] for d in json.loads(p.stdout)}
+    assert {"rpi4", "rpi5", "rpi3b", "jetson-orin-nano", "local", DEV} <= names
+    p = cli("devices", "show", DEV, "--port", "2022", "--json")
+    assert p.returncode == 0, p.stderr
+    shown = json.loads(p.stdout)
+    assert shown["port"] == 2022 and shown["host"] == "127.0.0.1" and "password" not in shown
+    assert "unknown device 'nope'" in one_error(cli("devices", "show", "nope"))
+    p = cli("devices", "check", "local", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["device"]["runtimes"]["onnxruntime"]
+
+
+def test_runner_zipapp_is_reproducible_and_pure_python() -> None:
+    a, b = build_runner_zip(), build_runner_zip()
+    assert a.sha256 == b.sha256 and a.data == b.data
+    assert "__main__.py" in a.files and "quarl_edge/runtimes/runner.py" in a.files
+    assert all(f.endswith(".py") for f in a.files)
+
+
+# ---- host keys, client keys, reachability ---------------------------------------------------------
+
+
+def test_keys_are_0600_and_a_readable_identity_is_refused(env: Env, sshd: Sshd, tmp_path: Path) -> None:
+    assert stat.S_IMODE(sshd.client_key.stat().st_mode) == 0o600
+    loose = Path(shutil.copy(sshd.client_key, tmp_path / "loose_key"))
+    loose.chmod(0o644)
+    env.device(sshd, identity=str(loose))
+    with pytest.raises(InputError, match=r"accessible by others \(mode 0644\); chmod 600"):
+        SSHConnection(load_profile(DEV)).connect()
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_and_trust_command(
+    cli: Any, env: Env, sshd: Sshd
+) -> None:
+    env.device(sshd)
+    line = one_error(cli("devices", "check", DEV))
+    fp = sshd.fingerprint
+    assert "unknown host key" in line and fp in line
+    trust_cmd = f"quarl-edge devices trust {DEV} --fingerprint {fp}"
+    assert line.endswith(trust_cmd)
+    assert not env.known_hosts.exists()
+    # a wrong fingerprint trusts nothing; the printed command does, and then the device answers
+    assert "nothing trusted" in one_error(cli("devices", "trust", DEV, "--fingerprint", "SHA256:" + "A" * 43))
+    p = cli(*shlex.split(trust_cmd)[1:])
+    assert p.returncode == 0, p.stderr
+    assert stat.S_IMODE(env.known_hosts.stat().st_mode) == 0o600
+    assert env.known_hosts.read_text().startswith(f"[127.0.0.1]:{sshd.port} ssh-ed25519 ")
+    p = cli("devices", "check", DEV, "--json")
+    assert p.returncode == 0, p.stderr
+    facts = json.loads(p.stdout)["device"]
+    assert facts["machine"] == os.uname().machine and facts["runtimes"]["onnxruntime"]
+    assert facts["python"] == ".".join(map(str, sys.version_info[:3])) and facts["cores"] >= 1
+
+
+def test_changed_host_key_is_always_refused(cli: Any, env: Env, sshd: Sshd, tmp_path: Path) -> None:
+    other = keygen(tmp_path / "impostor")
+    env.known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {Path(f'{other}.pub').read_text()}")
+    env.device(sshd)
+    line = one_error(cli("devices", "check", DEV))
+    assert "CHANGED" in line and sshd.fingerprint in line and fingerprint(Path(f"{other}.pub")) in line
+    assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in line
+    # not even the trust command replaces a pinned key
+    assert "CHANGED" in one_error(cli("devices", "trust", DEV, "--fingerprint", sshd.fingerprint))
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        SSHConnection(load_profile(DEV)).connect()
+
+
+def test_wrong_client_key_is_refused(cli: Any, env: Env, sshd: Sshd, tmp_path: Path) -> None:
+    env.known_hosts.write_text(sshd.known_hosts_line())
+    env.device(sshd, identity=str(keygen(tmp_path / "stranger")))
+    line = one_error(cli("devices", "check", DEV))
+    assert f"refused key authentication for user '{sshd.user}'" in line and "ssh-copy-id" in line
+
+
+def test_ssh_config_and_its_known_hosts_are_honoured(env: Env, sshd: Sshd) -> None:
+    """A profile with no address at all: ~/.ssh/config's Host block says where, who and with which key."""
+    ssh_dir = env.home / ".ssh"
+    ssh_dir.mkdir(mode=0o700)
+    (ssh_dir / "pinned_hosts").write_text(sshd.known_hosts_line())
+    (ssh_dir / "config").write_text(
+        f"Host {DEV}\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {ssh_dir / 'pinned_hosts'}\n"
+    )
+    env.device(sshd, host=None, port=None, user=None, identity=None, known_hosts=None)
+    with SSHConnection(load_profile(DEV)) as conn:
+        assert conn.run(sh("echo", "hello")).stdout == "hello\n"
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """A loopback port that drops SYNs: a listener with a full backlog that never accepts."""
+    with socket.socket() as lst, socket.socket() as filler:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(0)
+        filler.connect(lst.getsockname())  # fills the one-entry accept queue
+        yield int(lst.getsockname()[1])
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts TCP but never says a word (a hung sshd)."""
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(16)
+        yield int(lst.getsockname()[1])
+
+
+@pytest.mark.parametrize("kind", ["closed", "blackholed", "silent"])
+def test_unreachable_device_fails_within_the_timeout(
+    cli: Any, env: Env, sshd: Sshd, kind: str, request: pytest.FixtureRequest, cartpole_bundle: Path
+) -> None:
+    port = {"closed": free_port, "blackholed": lambda: request.getfixturevalue("blackhole"),
+            "silent": lambda: request.getfixturevalue("silent_port")}[kind]()  # fmt: skip
+    env.device(sshd, port=port, connect_timeout=2)
+    t0 = time.monotonic()
+    line = one_error(cli("bench", "--bundle", cartpole_bundle, "--device", DEV))
+    elapsed = time.monotonic() - t0
+    if kind == "closed":
+        assert "connection refused" in line
+    else:
+        assert "no answer within 2 s" in line
+    assert f"127.0.0.1:{port}" in line
+    assert elapsed < 2 + 20  # the timeout plus the CLI's own start-up on a busy machine
+
+
+# ---- bench over SSH -------------------------------------------------------------------------------
+
+
+def test_bench_over_ssh_end_to_end_and_second_bench_uploads_nothing(
+    trusted: Env, sshd: Sshd, cartpole_bundle: Path
+) -> None:
+    starts: list[dict[str, Any]] = []
+    with SSHTransport(load_profile(DEV)) as t:
+        report = bench(cartpole_bundle, CFG, device={"name": DEV}, transport=t, progress=starts.append)
+    h = report["harness"]
+    assert h["transport"] == "ssh" and h["connect_s"] > 0 and h["cache_check_s"] > 0
+    assert any(f.startswith("runner ") for f in h["uploaded_files"])
+    assert {"bundle file manifest.json", "bundle file trace.npz"} <= set(h["uploaded_files"])
+    assert h["uploaded_bytes"] > 0 and set(h["runner_startup_s"]) == set(MODELS)
+    # the runner that ran is the shipped zipapp, from the device cache, with the device's python
+    runner_paths = {e["runner"] for e in starts if e.get("event") == "start"}
+    assert len(runner_paths) == 1 and ".pyz" in runner_paths.pop()
+    assert list((trusted.cache / "runner").glob("*.pyz")) and list((trusted.cache / "bundles").iterdir())
+    dev = report["device"]
+    assert dev["name"] == DEV and dev["transport"] == "ssh" and dev["emulated"] is False
+    assert dev["machine"] == os.uname().machine and dev["runtimes"]["onnxruntime"] and dev["cpu_model"]
+    assert dev["uname"].split()[0] == "Linux" and dev["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert [m["name"] for m in report["models"]] == MODELS
+    local = bench(cartpole_bundle, CFG)
+    for remote_m, local_m in zip(report["models"], local["models"], strict=True):
+        assert remote_m["latency"]["count"] == CFG.latency_samples and remote_m["latency"]["p50_us"] > 0
+        # same seeds, same models, same kernels: the episodes played over SSH are the local ones
+        assert remote_m["reward"]["per_episode"] == local_m["reward"]["per_episode"]
+        assert remote_m["agreement"] == local_m["agreement"]
+        assert not remote_m["warnings"]
+
+    with SSHTransport(load_profile(DEV)) as t:
+        again = bench(cartpole_bundle, CFG, device={"name": DEV}, transport=t)
+    assert again["harness"]["uploaded_files"] == [] and again["harness"]["uploaded_bytes"] == 0
+    assert again["harness"]["upload_s"] < 0.01
+
+
+def test_bench_cli_over_ssh_says_nothing_was_uploaded(
+    cli: Any, trusted: Env, sshd: Sshd, cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    args = (
+        "bench",
+        "--bundle",
+        cartpole_bundle,
+        "--device",
+        DEV,
+        "--episodes",
+        "2",
+        "--latency-samples",
+        "50",
+    )
+    first = cli(*args, "--out", "first.json")
+    assert first.returncode == 0, first.stderr
+    assert "uploaded" in first.stderr and "runner start-up" in first.stderr
+    p = cli(*args, "--models", "onnx-int8", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["harness"]["uploaded_bytes"] == 0 and report["device"]["transport"] == "ssh"
+    assert "nothing uploaded (cached)" in p.stderr
+    assert [m["name"] for m in report["models"]] == ["onnx-fp32", "onnx-int8"]
+    assert json.loads((tmp_path / "first.json").read_text())["device"]["machine"] == os.uname().machine
+
+
+def test_link_cut_mid_bench_keeps_finished_episodes_and_resume_completes(
+    cli: Any, trusted: Env, sshd: Sshd, cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    cfg = BenchConfig(episodes=5, latency_samples=100)
+    out = tmp_path / "reports" / "r.json"
+    partial = partial_path(out)
+    cut = {"done": False}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        # the link drops while onnx-fp16's episodes stream (onnx-fp32 is complete by then)
+        if ev.get("event") == "episode" and ev["model"] == "onnx-fp16" and not cut["done"]:
+            cut["done"] = True
+            sshd.cut_sessions()
+
+    try:
+        with SSHTransport(load_profile(DEV)) as t, pytest.raises(BenchInterrupted) as exc:
+            bench(cartpole_bundle, cfg, device={"name": DEV}, transport=t, progress=on_event, partial=partial)
+    finally:
+        sshd.reap_stopped()
+    msg = str(exc.value)
+    assert "SSH link to sshdev dropped" in msg and str(partial) in msg and "--resume" in msg
+    assert "missing: onnx-fp16 (" in msg and "onnx-int8 (everything)" in msg
+
+    saved = json.loads(partial.read_text())
+    models = saved["models"]
+    assert models["onnx-fp32"]["run"] is not None and len(models["onnx-fp32"]["episodes"]) == 5
+    fp16 = models["onnx-fp16"]
+    kept = {e["seed"]: e["ret"] for e in fp16["episodes"]}
+    assert 1 <= len(kept) < 5 and fp16["run"] is None
+    assert fp16["measured"]["latency"]["count"] == 100  # latency finished before the cut: kept
+    assert models["onnx-int8"]["measured"] is None and not models["onnx-int8"]["episodes"]
+    assert saved["missing"]["onnx-fp16"]["seeds"] == [s for s in cfg.seeds if s not in kept]
+    assert saved["missing"]["onnx-int8"]["status"] == "not measured"
+    assert not out.exists()
+
+    p = cli("bench", "--bundle", cartpole_bundle, "--device", DEV, "--episodes", "5", "--latency-samples", "100",
+            "--out", out, "--resume", "--json")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["resumed"] == {"episodes_kept": 5 + len(kept)}
+    # only what was missing ran: fp32 not at all, fp16 without re-measuring latency
+    assert set(report["harness"]["runner_startup_s"]) == {"onnx-fp16", "onnx-int8"}
+    by_name = {m["name"]: m for m in report["models"]}
+    assert by_name["onnx-fp16"]["latency"] == fp16["measured"]["latency"]
+    for m in report["models"]:
+        assert m["reward"]["episodes"] == 5 and len(m["reward"]["per_episode"]) == 5
+        assert m["latency"]["count"] == 100
+    per_ep = dict(zip(cfg.seeds, by_name["onnx-fp16"]["reward"]["per_episode"], strict=True))
+    assert all(per_ep[s] == r for s, r in kept.items())
+    assert by_name["onnx-int8"]["drift"]["paired_episodes"] == 5
+    assert by_name["onnx-int8"]["agreement"] is not None and by_name["onnx-fp16"]["agreement"] is not None
+    assert out.is_file() and not partial.exists()
+
+
+def test_a_silent_link_is_detected_by_keepalive(trusted: Env, sshd: Sshd, cartpole_bundle: Path) -> None:
+    trusted.device(sshd, name="keepalive", keepalive_interval=0.5, keepalive_count_max=2)
+    frozen: dict[str, float] = {}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("event") == "episode" and not frozen:
+            frozen["at"] = time.monotonic()
+            sshd.freeze_sessions()
+
+    try:
+        with SSHTransport(load_profile("keepalive")) as t, pytest.raises(BenchInterrupted) as exc:
+            bench(cartpole_bundle, CFG, device={"name": "keepalive"}, transport=t, progress=on_event)
+        detected_after = time.monotonic() - frozen["at"]
+    finally:
+        sshd.reap_stopped()
+    assert "not responding to keepalive" in str(exc.value) and "pass --out to keep them" in str(exc.value)
+    assert detected_after < 0.5 * 3 + 10  # interval x (count + 1), plus a busy machine's slack
+
+
+def test_a_device_without_the_profiles_python_says_how_to_set_it_up(
+    cli: Any, trusted: Env, sshd: Sshd
+) -> None:
+    trusted.device(sshd, name="nopython", python="/nonexistent/venv/bin/python")
+    line = one_error(cli("devices", "check", "nopython"))
+    assert "no Python at '/nonexistent/venv/bin/python' on nopython" in line
+    assert "quarl-edge devices setup nopython" in line
+
+
+def test_resume_refuses_missing_or_mismatched_partial_results(
+    cli: Any, trusted: Env, cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    line = one_error(cli("bench", "--bundle", cartpole_bundle, "--device", DEV, "--out", out, "--resume"))
+    assert "nothing to resume" in line
+    # partial results of a local bench (3 episodes) do not resume a 4-episode bench on another device
+    with pytest.raises(BenchInterrupted):
+
+        def dying(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+            for ev in local_transport(bundle, args):
+                yield ev
+                if ev.get("event") == "episode":
+                    raise SSHError("simulated failure after one episode")
+
+        bench(cartpole_bundle, CFG, transport=dying, partial=partial_path(out))
+    line = one_error(
+        cli(
+            "bench", "--bundle", cartpole_bundle, "--device", DEV, "--episodes", "4", "--out", out, "--resume"
+        )
+    )
+    assert "was made with other device, " in line and "seeds" in line and "--resume" in line
+    assert partial_path(out).is_file()
+
+
+def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
+    trusted: Env, sshd: Sshd, cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    token = f"PWNED-{os.getpid()}"
+    evil = f"c a;touch {token}-1 $(touch {token}-2) `touch {token}-3` '\"|&<>*?"
+    cache = tmp_path / evil / "cache"
+    bundle = Path(shutil.copytree(cartpole_bundle, tmp_path / f"bundle $(touch {token}-4);x"))
+    trace = Path(shutil.copy(bundle / "trace.npz", tmp_path / f"t;touch {token}-5;'.npz"))
+    model = f"int8 $(touch {token}-6);'"  # a model name is a runner argument on the device
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = model
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    trusted.device(sshd, name="evil", cache_dir=str(cache))
+    cfg = BenchConfig(episodes=1, latency_samples=20, warmup=1, models=(model,), trace=trace)
+    with SSHTransport(load_profile("evil")) as t:
+        report = bench(bundle, cfg, device={"name": "evil"}, transport=t)
+        assert t.ssh.run(sh("printf", "%s", evil)).stdout == evil
+    assert report["models"][1]["name"] == model and report["models"][1]["agreement"]["samples"] > 0
+    assert (cache / "runner").is_dir() and (cache / "traces").is_dir() and (cache / "bundles").is_dir()
+    remote_home = Path(os.path.expanduser(f"~{sshd.user}"))
+    for where in (tmp_path, remote_home, Path.cwd(), cache.parent):
+        assert not list(where.glob(f"{token}*")), f"a shell ran injected commands in {where}"
+    assert remote_path("~/.cache/x") == ".cache/x" and remote_path("/abs") == "/abs"

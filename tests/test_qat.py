@@ -1,0 +1,101 @@
+"""QAT really quantizes: grid of effective weights, fp32 before the delay, gradients flow, deploys."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from quarl_edge.policies import load_checkpoint
+from quarl_edge.qat import QATClock, QATConfig, QATLinear, convert, fake_quant_weight, qat_layers
+from quarl_edge.runtimes.errors import InputError
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def test_before_delay_the_network_is_exactly_fp32_and_after_it_is_not() -> None:
+    fp32 = _mlp()
+    net = copy.deepcopy(fp32)
+    clock = QATClock(delay=100)
+    assert convert(net, QATConfig(bits=2, delay=100), clock) == 3
+    x = torch.randn(64, 6)
+    net.train()
+    clock.step = 99
+    assert torch.equal(net(x), fp32(x))  # delay not reached: fp32 (ranges are tracked meanwhile)
+    clock.step = 100
+    assert not torch.allclose(net(x), fp32(x), atol=1e-3)
+    for _, layer in qat_layers(net):
+        w = layer.qat_weight()
+        scale = layer.weight.detach().abs().max()  # 2 bits, symmetric: {-1, 0, 1} x max|w|
+        assert len(torch.unique(w)) <= 4
+        assert torch.allclose(torch.unique(w) / scale, torch.round(torch.unique(w) / scale), atol=1e-5)
+
+
+def test_gradients_flow_through_fake_quantization() -> None:
+    net = _mlp()
+    clock = QATClock(delay=0)
+    convert(net, QATConfig(bits=4), clock)
+    before = [p.detach().clone() for p in net.parameters()]
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    loss = net(torch.randn(32, 6)).pow(2).mean()
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+    opt.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_per_channel_weights_for_convolutions() -> None:
+    w = torch.randn(16, 4, 3, 3) * torch.linspace(0.1, 3, 16).reshape(16, 1, 1, 1)
+    q = fake_quant_weight(w, 2, per_channel=True)
+    for c in range(16):
+        assert len(torch.unique(q[c])) <= 3 and torch.isclose(q[c].abs().max(), w[c].abs().max())
+
+
+def test_unsupported_layer_is_refused_by_name() -> None:
+    net = nn.Sequential(nn.Linear(4, 8), nn.LSTM(8, 8))
+    with pytest.raises(InputError, match="'1'.*LSTM"):
+        convert(net, QATConfig(bits=4), QATClock(0))
+
+
+@pytest.mark.parametrize("bits", ["1", "9"])
+def test_bits_out_of_range_exit_2(cli, tmp_path: Path, bits: str) -> None:
+    proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--qat-bits", bits, "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "between 2 and 8" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+# ranges are tracked in training mode, i.e. in gradient updates: DQN's start after learning_starts=1000
+CASES = [("ppo", "CartPole-v1", 600), ("dqn", "CartPole-v1", 1500), ("sac", "Pendulum-v1", 600)]
+
+
+@pytest.mark.parametrize(("algo", "env", "steps"), CASES)
+def test_qat_training_checkpoint_carries_bits_ranges_and_delay(
+    cli, tmp_path: Path, algo: str, env: str, steps: int
+) -> None:
+    out = tmp_path / f"{algo}-qat"
+    proc = cli("train", "--env", env, "--algo", algo, "--steps", str(steps), "--qat-bits", "2", "--quant-delay", "200",
+               "--eval-episodes", "1", "--net-arch", "32,32", "--out", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["arch"]["qat"]["bits"] == 2 and meta["arch"]["qat"]["delay"] == 200
+    assert meta["spec"]["train"]["qat"]["active"] is True
+    with np.load(out / "weights.npz") as z:
+        his = [z[k] for k in z.files if k.endswith("act_hi")]
+        assert his and all(float(h) > 0 for h in his)  # ranges learned in training, stored
+    policy = load_checkpoint(out)
+    layers = qat_layers(policy.net)
+    assert layers and all(isinstance(m, QATLinear) for _, m in layers)
+    for _, m in layers:  # the deployed torch policy runs on the 2-bit grid
+        assert len(torch.unique(m.qat_weight())) <= 4
+    obs = np.stack(
+        [policy.spec.observation_space.shape and np.zeros(policy.spec.observation_space.shape)] * 2
+    )
+    assert policy.predict(obs.astype(np.float32)).shape[0] == 2
