@@ -11,6 +11,7 @@ import logging
 import shutil
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -195,11 +196,97 @@ def _float_io_nodes(path: Path, float_first_layer: bool = False) -> list[str]:
     return head
 
 
+def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel:
+    """An 8-bit QAT policy: int8 weights from its n-bit grid, activation ranges learned in training.
+
+    Every quantized tensor is a quantized layer's input (outputs stay float, as in training), and each
+    gets its scale/zero point from the QAT range via TensorQuantOverrides; the calibration pass that the
+    ORT API requires runs on a few zero observations whose ranges are all overridden.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from quarl_edge.qat import deployable
+
+    plain, ranges = deployable(ctx.policy)
+    fp32 = export_fp32(replace(ctx, policy=plain), ctx.workdir / "qat-src.fp32.onnx")
+    pre = ctx.workdir / "qat-src.pre.onnx"
+    try:
+        quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
+        shutil.copyfile(fp32, pre)
+    layer_ops = ("Conv", "Gemm", "MatMul")
+    _float_io_nodes(pre)  # names every node
+    model = onnx.load(str(pre))
+    layers = [n for n in model.graph.node if n.op_type in layer_ops]
+    if len(layers) != len(ranges):
+        raise InputError(
+            f"the exported graph has {len(layers)} layers, the QAT policy {len(ranges)}",
+            "re-export with --calibration to calibrate instead of using the learned ranges",
+        )
+    overrides: dict[str, Any] = {}
+    for node, rng in zip(layers, ranges, strict=True):
+        if rng is None:
+            continue
+        lo, hi = rng
+        scale = max(hi - lo, 1e-8) / 255.0
+        zero = int(np.clip(round(-lo / scale) - 128, -128, 127))
+        overrides[node.input[0]] = [{"scale": np.array(scale, np.float32), "zero_point": np.array(zero, np.int8)}]
+    after_last = _float_io_nodes(pre)[1:]  # tanh/unscale/argmax after the output layer stay float
+    obs_space = ctx.policy.spec.observation_space
+    dummy = np.zeros((4, *obs_space.shape), dtype=np.dtype(obs_space.dtype))
+    per_channel = ctx.policy.arch.model == "nature_cnn"
+    logging.getLogger().setLevel(logging.ERROR)
+    with contextlib.redirect_stdout(sys.stderr):
+        quantize_static(
+            str(pre),
+            str(path),
+            _Reader(dummy, dummy.dtype),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+            op_types_to_quantize=list(layer_ops),
+            nodes_to_exclude=after_last,
+            extra_options={
+                "TensorQuantOverrides": overrides,
+                "OpTypesToExcludeOutputQuantization": list(layer_ops),
+            },
+        )
+    quant = {
+        "scheme": "static QDQ, int8 activations and weights (S8S8)",
+        "ranges": "learned in quantization-aware training (no calibration)",
+        "qat": dict(ctx.policy.arch.qat or {}),
+        "per_channel": per_channel,
+        "calibration_samples": 0,
+        "float_nodes": after_last,
+        **_qdq_params(path),
+    }
+    import onnxruntime
+
+    return ExportedModel(
+        path,
+        "onnx",
+        "int8",
+        quant,
+        _io(path),
+        _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}"),
+    )
+
+
 @register("onnx-int8", calibrated=True)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    qat = ctx.policy.arch.qat
+    if qat and int(qat["bits"]) == 8 and qat.get("activations", True):
+        return _export_int8_learned_ranges(ctx, path)
+    if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
+        from quarl_edge.qat import deployable
+
+        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
     cfg = ctx.config

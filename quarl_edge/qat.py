@@ -197,3 +197,35 @@ def convert(module: nn.Module, cfg: QATConfig, clock: QATClock, path: str = "") 
 
 def qat_layers(module: nn.Module) -> list[tuple[str, _QATMixin]]:
     return [(name, m) for name, m in module.named_modules() if isinstance(m, (QATLinear, QATConv2d))]
+
+
+def deployable(policy: Any) -> tuple[Any, list[tuple[float, float] | None]]:
+    """A plain (non-QAT) copy of a QAT policy whose weights are the effective n-bit weights, and each
+    quantized layer's learned input range (lo, hi), in layer order (None where no range was learned).
+
+    Exporters quantize this copy with the learned ranges instead of calibrating.
+    """
+    import copy
+    from dataclasses import replace
+
+    from quarl_edge.policies import build_policy
+
+    ranges: list[tuple[float, float] | None] = []
+    state: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, layer in qat_layers(policy.net):
+            state[f"{name}.weight"] = fake_quant_weight(
+                layer.weight, layer.qat_bits, layer.qat_per_channel
+            ).clone()
+            ranges.append(
+                (min(float(layer.act_lo), 0.0), max(float(layer.act_hi), 0.0))
+                if layer.qat_acts and bool(layer.act_seen)
+                else None
+            )
+        for k, v in policy.net.state_dict().items():
+            if not k.endswith(("act_lo", "act_hi", "act_seen")) and k not in state:
+                state[k] = v.clone()
+    arch = replace(policy.arch, qat=None)
+    plain = build_policy(policy.spec, arch, state)
+    plain.extra = copy.deepcopy(policy.extra)
+    return plain, ranges

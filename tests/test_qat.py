@@ -99,3 +99,28 @@ def test_qat_training_checkpoint_carries_bits_ranges_and_delay(
         [policy.spec.observation_space.shape and np.zeros(policy.spec.observation_space.shape)] * 2
     )
     assert policy.predict(obs.astype(np.float32)).shape[0] == 2
+
+
+def test_qat8_policy_exports_int8_with_learned_ranges_and_passes_the_gate(cli, tmp_path: Path) -> None:
+    policy = tmp_path / "qat8"
+    proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--steps", "20000", "--qat-bits", "8",
+               "--quant-delay", "5000", "--eval-episodes", "3", "--out", policy)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # no --calibration: int8 takes the ranges learned in training
+    proc = cli("export", "--policy", policy, "--to", "onnx-fp32,onnx-int8", "--out", tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    quant = next(m for m in manifest["models"] if m["name"] == "onnx-int8")["quantization"]
+    assert (
+        quant["ranges"].startswith("learned in quantization-aware training")
+        and quant["calibration_samples"] == 0
+    )
+    assert quant["int8_weight_tensors"] == 3  # every layer int8, as trained
+    layers = qat_layers(load_checkpoint(policy).net)
+    lo, hi = float(layers[0][1].act_lo), float(layers[0][1].act_hi)
+    assert quant["input"]["scale"] == pytest.approx((hi - min(lo, 0.0)) / 255, rel=1e-5)
+    proc = cli("bench", "--bundle", tmp_path / "b", "--episodes", "20", "--latency-samples", "100",
+               "--out", tmp_path / "r.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("gate", tmp_path / "r.json", "--max-reward-drop", "2%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
