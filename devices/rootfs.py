@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quarl_edge.devices import hostsys
-from quarl_edge.devices.wheelhouse import setup_commands
+from quarl_edge.devices.wheelhouse import RUNTIME_PACKAGES, setup_commands
 from quarl_edge.runtimes.errors import InputError
 
 APT_SOURCES_LIST = Path("/etc/apt/sources.list")
@@ -250,15 +250,27 @@ def build_base(recipe: RootfsRecipe, rootfs: Path, mirror: str, *, log: Path) ->
     partial.rename(rootfs)
 
 
-def install_venv(rootfs: Path, wheels: list[Path], cpuinfo: Path, *, log: Path) -> str:
-    """Install ``wheels`` offline into a venv inside the rootfs; returns the venv's python path (device view)."""
+def install_venv(
+    rootfs: Path,
+    wheels: list[Path],
+    cpuinfo: Path,
+    *,
+    packages: tuple[str, ...] = RUNTIME_PACKAGES,
+    log: Path,
+) -> str:
+    """Install ``wheels`` offline into a venv inside the rootfs and import ``packages`` there (under qemu);
+    returns the venv's python path (device view)."""
     wheel_dir = rootfs / _DEVICE_WHEELS.lstrip("/")
     hostsys.remove_tree(wheel_dir, log=log)
     wheel_dir.mkdir(parents=True)
     for w in wheels:
         shutil.copy2(w, wheel_dir / w.name)
     commands = setup_commands(
-        "/usr/bin/python3", [w.name for w in wheels], venv=DEVICE_VENV, wheel_dir=_DEVICE_WHEELS
+        "/usr/bin/python3",
+        [w.name for w in wheels],
+        venv=DEVICE_VENV,
+        wheel_dir=_DEVICE_WHEELS,
+        packages=packages,
     )
     mounts = mount_system(rootfs, cpuinfo, log=log)
     try:

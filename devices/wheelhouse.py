@@ -8,6 +8,7 @@ build and ``quarl-edge devices setup`` share this code and the exact same remote
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,14 +16,19 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
-from quarl_edge.runtimes.fsutil import atomic_directory
+from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json
 
-# What the device runner imports (runtimes/: numpy + one runtime + gymnasium for closed-loop episodes).
-RUNTIME_PACKAGES: tuple[str, ...] = ("numpy", "onnxruntime", "gymnasium")
+# What the device runner imports (runtimes/: numpy, a runtime per model format, gymnasium for closed-loop
+# episodes): onnxruntime for .onnx, LiteRT for .tflite.
+RUNTIME_PACKAGES: tuple[str, ...] = ("numpy", "onnxruntime", "gymnasium", "ai-edge-litert")
+# Left out of a device's wheelhouse (and said so in its pins) when no version has a wheel for the device's
+# platform: the board then runs the ONNX models only, instead of getting no venv at all.
+OPTIONAL_PACKAGES: frozenset[str] = frozenset({"ai-edge-litert"})
 # Where `setup` puts things on a device, relative to the login directory unless absolute (the built-in
 # profiles' `python = "~/.local/share/quarl-edge/venv/bin/python"` and `cache_dir = "~/.cache/quarl-edge"`).
 DEVICE_VENV = ".local/share/quarl-edge/venv"
@@ -89,19 +95,157 @@ def default_dir(spec: WheelhouseSpec) -> Path:
     return cache_dir() / "wheelhouse" / f"{spec.arch}-cp{py}-{spec.key()}"
 
 
-def download_command(spec: WheelhouseSpec, dest: Path) -> list[str]:
+def _platform_args(spec: WheelhouseSpec) -> list[str]:
     py = spec.python_version.replace(".", "")
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:"]
+    args = ["--only-binary=:all:"]
     for tag in spec.platform_tags():
-        cmd += ["--platform", tag]
-    cmd += ["--python-version", spec.python_version, "--implementation", "cp", "--abi", f"cp{py}"]
+        args += ["--platform", tag]
+    return [*args, "--python-version", spec.python_version, "--implementation", "cp", "--abi", f"cp{py}"]
+
+
+def download_command(spec: WheelhouseSpec, dest: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", *_platform_args(spec)]
     return [*cmd, "--dest", str(dest), *spec.packages]
 
 
-def download(spec: WheelhouseSpec, dest: Path | None = None, *, refresh: bool = False) -> list[Path]:
+# ---- pinning for the device's platform --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """How one requested package was pinned for the device (kept in wheelhouse.json and the board's stamp)."""
+
+    name: str
+    version: str | None
+    """installed on the device; None: left out (optional, no wheel for the platform)"""
+    host: str | None
+    """the host's installed version, if any"""
+    reason: str
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalized project name (ai_edge_litert, AI-Edge-LiteRT -> ai-edge-litert)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement.strip(), maxsplit=1)[0]
+
+
+def _host_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def dry_run_command(spec: WheelhouseSpec, requirements: list[str], target: Path, report: Path,
+                    *, deps: bool = True) -> list[str]:  # fmt: skip
+    """pip's resolver for the device's platform, without downloading the wheels (``--dry-run --report``)."""
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+    cmd += ["--disable-pip-version-check", *_platform_args(spec), "--target", str(target)]
+    cmd += ["--report", str(report), *([] if deps else ["--no-deps"])]
+    return [*cmd, "--", *requirements]
+
+
+def _dry_run(spec: WheelhouseSpec, requirements: list[str], *, deps: bool = True) -> dict[str, str] | str:
+    """{canonical name: version} pip would install on the device, or pip's first error line."""
+    with tempfile.TemporaryDirectory(prefix="qe-pins-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = dry_run_command(spec, requirements, Path(tmp) / "target", report, deps=deps)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        errors = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("ERROR")]
+        if proc.returncode != 0 or not report.is_file():
+            return (errors or proc.stderr.strip().splitlines() or [f"pip exit code {proc.returncode}"])[0]
+        data = json.loads(report.read_text())
+    return {canonical(i["metadata"]["name"]): str(i["metadata"]["version"]) for i in data.get("install", [])}
+
+
+def platform_pinned(
+    spec: WheelhouseSpec,
+    *,
+    optional: frozenset[str] = OPTIONAL_PACKAGES,
+    host_versions: dict[str, str | None] | None = None,
+    refresh: bool = False,
+) -> tuple[WheelhouseSpec, list[Pin]]:
+    """``spec`` with every package pinned to the version the device gets, and why.
+
+    The host's installed version when it has a wheel for the device's platform (drift then measures the
+    device's kernels, not a version change); else the newest version that has one and resolves together
+    with the other pins; a package in ``optional`` with no wheel at all is left out. A requirement that
+    already has a specifier is resolved as given. pip decides, for the device's platform tags
+    (``pip install --dry-run --report``, no wheel downloaded). The answer is cached per platform,
+    requirements and host versions, so a cached board starts without the network. ``host_versions``:
+    the versions to prefer (default: those installed in this Python).
+    """
+    names = [requirement_name(r) for r in spec.packages]
+    host = {n: (host_versions or {}).get(n) if host_versions is not None else _host_version(n) for n in names}
+    cache = _pins_cache(spec, host, optional)
+    if not refresh and cache.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # damaged: resolved again
+            data = json.loads(cache.read_text())
+            pins = [Pin(**p) for p in data["pins"]]
+            return _pinned_spec(spec, pins), pins
+    wanted = {
+        n: (f"{n}=={host[n]}" if host[n] and r == n else r) for n, r in zip(names, spec.packages, strict=True)
+    }
+    plat = f"{spec.arch} cp{spec.python_version.replace('.', '')} (glibc {spec.glibc})"
+    reasons: dict[str, str] = {n: "host version" if wanted[n] != r else "as requested" for n, r in zip(names, spec.packages, strict=True)}  # fmt: skip
+    resolved = _dry_run(spec, list(wanted.values()))
+    if isinstance(resolved, str):
+        for n in names:  # which host pins have no wheel for the device (each alone, without dependencies)
+            if wanted[n] == f"{n}=={host[n]}" and isinstance(_dry_run(spec, [wanted[n]], deps=False), str):
+                wanted[n] = n
+                reasons[n] = f"the host's {host[n]} has no wheel for {plat}; newest with one"
+        for n in names:  # a package no version of which installs there
+            if canonical(n) in {canonical(o) for o in optional} and isinstance(_dry_run(spec, [wanted[n]], deps=False), str):  # fmt: skip
+                del wanted[n]
+                reasons[n] = f"left out: no version has a wheel for {plat}"
+        resolved = _dry_run(spec, list(wanted.values()))
+        if isinstance(resolved, str):
+            raise MissingDependencyError(
+                f"no set of {spec.arch} wheels for Python {spec.python_version} fits {' '.join(wanted.values())} ({resolved})",
+                "check the host's network or package index, or pass --wheelhouse DIR with the wheels",
+            )
+    pins = [Pin(n, resolved.get(canonical(n)) if n in wanted else None, host[n], reasons[n]) for n in names]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        cache, {"schema": 1, "spec": asdict(spec), "host": host, "pins": [asdict(p) for p in pins]}
+    )
+    return _pinned_spec(spec, pins), pins
+
+
+def _pinned_spec(spec: WheelhouseSpec, pins: list[Pin]) -> WheelhouseSpec:
+    packages = tuple(f"{p.name}=={p.version}" for p in pins if p.version)
+    return WheelhouseSpec(
+        arch=spec.arch, python_version=spec.python_version, glibc=spec.glibc, packages=packages
+    )
+
+
+def _pins_cache(spec: WheelhouseSpec, host: dict[str, str | None], optional: frozenset[str]) -> Path:
+    blob = json.dumps({"spec": asdict(spec), "host": host, "optional": sorted(optional)}, sort_keys=True)
+    return cache_dir() / "wheelhouse" / f"pins-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+
+
+def wheel_versions(wheels: list[Path] | list[str]) -> dict[str, str]:
+    """{canonical project name: version} from wheel file names (what a wheelhouse installs)."""
+    out = {}
+    for w in wheels:
+        m = _WHEEL.fullmatch(Path(w).name)
+        if m:
+            out[canonical(m.group(1))] = m.group(2)
+    return out
+
+
+def download(
+    spec: WheelhouseSpec, dest: Path | None = None, *, refresh: bool = False, pins: list[Pin] | None = None
+) -> list[Path]:
     """The wheel files for ``spec`` in ``dest`` (default: a cache folder per spec), downloading once.
 
-    A ``wheelhouse.json`` written last records the spec and the files: a folder without it (an
+    A ``wheelhouse.json`` written last records the spec, the files, every project's version and how the
+    requested ones were pinned (``pins``, from :func:`platform_pinned`): a folder without it (an
     interrupted download) is downloaded again.
     """
     dest = dest or default_dir(spec)
@@ -124,24 +268,31 @@ def download(spec: WheelhouseSpec, dest: Path | None = None, *, refresh: bool = 
                 "check the host's network or package index, or pass --wheelhouse DIR with the wheels",
             )
         names = sorted(p.name for p in tmp.glob("*.whl"))
-        _write_manifest(tmp / "wheelhouse.json", spec, names)
+        _write_manifest(tmp / "wheelhouse.json", spec, names, pins)
     return [dest / n for n in names]
 
 
-def resolve(spec: WheelhouseSpec, folder: Path | None = None) -> list[Path]:
+def resolve(spec: WheelhouseSpec, folder: Path | None = None, *, download_missing: bool = True) -> list[Path]:
     """The wheels to install: those already in ``folder`` (``--wheelhouse``, e.g. carried to an offline
-    host), else downloaded into ``folder`` or into the cache."""
+    host), else downloaded into ``folder`` or into the cache (``download_missing=False``: else none)."""
     if folder is not None:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"wheelhouse {str(folder)!r} is not a folder", "pass a folder of .whl files")
         wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
         if wheels:
             return wheels
-    return download(spec, folder)
+    return download(spec, folder) if download_missing else []
 
 
-def _write_manifest(path: Path, spec: WheelhouseSpec, names: list[str]) -> None:
-    data = {"schema": 1, "key": spec.key(), "spec": asdict(spec), "wheels": names}
+def _write_manifest(path: Path, spec: WheelhouseSpec, names: list[str], pins: list[Pin] | None) -> None:
+    data = {
+        "schema": 1,
+        "key": spec.key(),
+        "spec": asdict(spec),
+        "wheels": names,
+        "versions": wheel_versions(names),
+        "pins": [asdict(p) for p in pins] if pins is not None else None,
+    }
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -198,7 +349,7 @@ def _pin(wheel_name: str) -> str:
 
 
 def _module_name(requirement: str) -> str:
-    name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+    name = requirement_name(requirement)
     return {"ai-edge-litert": "ai_edge_litert", "tflite-runtime": "tflite_runtime", "ale-py": "ale_py"}.get(
         name, name.replace("-", "_")
     )

@@ -129,6 +129,7 @@ def _reward(run: dict[str, Any]) -> dict[str, Any]:
         "std": s,
         "episodes": len(rets),
         "per_episode": [e.get("ret") for e in run["episodes"]],
+        "seeds": [e.get("seed") for e in run["episodes"]],
     }
 
 
@@ -250,6 +251,9 @@ def bench(
                 "format": run["format"],
                 "precision": run["precision"],
                 "runtime": run["runtime"],
+                "toolchain": manifest.model(
+                    name
+                ).toolchain,  # converter, quantizer, runtime it was checked with
                 "threads": run["threads"],
                 "size_bytes": run["size_bytes"],
                 "size_ratio_vs_ref": ref_run["size_bytes"] / run["size_bytes"] if run["size_bytes"] else None,

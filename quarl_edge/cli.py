@@ -262,7 +262,7 @@ def bench(
     from quarl_edge.bench import BenchConfig
     from quarl_edge.bench import bench as run_bench
     from quarl_edge.devices.profiles import load_profile, transport_for
-    from quarl_edge.report import COLUMNS, harness_line, rows, write_report
+    from quarl_edge.report import columns, harness_line, rows, runtimes_line, write_report
     from quarl_edge.resume import partial_path
     from quarl_edge.runtimes.errors import InputError
     from quarl_edge.runtimes.manifest import load_manifest
@@ -302,11 +302,13 @@ def bench(
     if as_json:
         print_json(report)
         return
+    emulated = ", emulated: latency is qemu's, not the board's" if report["device"].get("emulated") else ""
     table(
-        f"{report['bundle']['policy']} on {report['device']['name']} ({threads} thread)",
-        COLUMNS,
+        f"{report['bundle']['policy']} on {report['device']['name']} ({threads} thread{emulated})",
+        columns(report),
         rows(report),
     )
+    info(runtimes_line(report))
     if out is not None:
         info(f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%")
 

@@ -61,6 +61,7 @@ def emulate(
         ["address", f"{st.address}:{st.port} in namespace {st.namespace}"],
         ["link rate", st.rate or "unshaped"],
         ["rootfs", f"{st.rootfs} ({size})"],
+        ["runtimes", ", ".join(f"{k} {v or '(left out: no wheel)'}" for k, v in st.runtimes.items()) or "-"],
         ["emulated", "true (qemu-user: latency is not the board's)"],
     ]
     if st.build_seconds is not None:
@@ -97,15 +98,33 @@ def setup(
     from quarl_edge.devices import setup as remote
     from quarl_edge.devices import wheelhouse as wh
 
-    packages = wh.host_pinned(wh.RUNTIME_PACKAGES) + tuple(package or ())
-    spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=packages)
+    spec = wh.WheelhouseSpec(
+        arch=arch, python_version=python_version, packages=wh.RUNTIME_PACKAGES + tuple(package or ())
+    )
+    pins: list[wh.Pin] | None = None
     with remote.open_device(name) as (shell, venv):  # a bad name fails before any download
-        wheels = wh.resolve(spec, wheelhouse)
+        given = wh.resolve(spec, wheelhouse, download_missing=False)
+        if given:  # carried to an offline host: install what is there, import what it provides
+            have = wh.wheel_versions(given)
+            spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=tuple(
+                p for p in spec.packages if wh.canonical(wh.requirement_name(p)) in have or p not in wh.OPTIONAL_PACKAGES
+            ))  # fmt: skip
+        else:  # the host's versions where the device has wheels for them, else the newest that do
+            spec, pins = wh.platform_pinned(spec)
+            for p in pins:
+                if p.version != p.host:
+                    info(f"{p.name}: {p.version or 'left out'} ({p.reason})")
+        wheels = given or wh.download(spec, wheelhouse, pins=pins)
         info(f"uploading {len(wheels)} wheels to {name} and building the venv {venv} there")
         venv_python = remote.setup(shell, wheels, venv=venv, packages=spec.packages)
+    versions = wh.wheel_versions(wheels)
     if as_json:
-        print_json({"device": name, "python": venv_python, "wheels": [w.name for w in wheels]})
+        print_json(
+            {"device": name, "python": venv_python, "wheels": [w.name for w in wheels], "versions": versions}
+        )
         return
-    info(
-        f"{name}: numpy, the runtime and gymnasium import in {venv_python}; next: quarl-edge devices check {name}"
+    shown = ", ".join(
+        f"{wh.requirement_name(p)} {versions.get(wh.canonical(wh.requirement_name(p)), '?')}"
+        for p in spec.packages
     )
+    info(f"{name}: {shown} import in {venv_python}; next: quarl-edge devices check {name}")

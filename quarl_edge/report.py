@@ -13,6 +13,30 @@ from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 
 
+def columns(report: dict[str, Any]) -> tuple[str, ...]:
+    """COLUMNS, with the latency columns marked when the device is emulated (qemu's time, not the board's)."""
+    if not (report.get("device") or {}).get("emulated"):
+        return COLUMNS
+    return tuple(f"{c} (emulated)" if c in ("p50 us", "p99 us", "speedup") else c for c in COLUMNS)
+
+
+def runtimes_line(report: dict[str, Any]) -> str:
+    """Which runtime (and version) ran each model where the bench ran, and the one the bundle was checked
+    with when that differs (e.g. an older LiteRT on a board without wheels of the host's)."""
+    where = "on the device" if (report.get("device") or {}).get("machine") else "here"
+    by_runtime: dict[str, list[str]] = {}
+    for m in report["models"]:
+        runtime = str(m.get("runtime") or "?")
+        label = m["name"]
+        checked = [str(v) for v in (m.get("toolchain") or {}).values()]
+        dist = runtime.rsplit(" ", 1)[0]
+        other = [v for v in checked if v.rsplit(" ", 1)[0] == dist and v != runtime]
+        if other:
+            label += f" (bundle checked with {other[0]})"
+        by_runtime.setdefault(runtime, []).append(label)
+    return f"Runtimes {where}: " + "; ".join(f"{r}: {', '.join(ms)}" for r, ms in by_runtime.items()) + "."
+
+
 def _f(x: Any, fmt: str = "{:.2f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x + 0.0)  # + 0.0 turns -0.0 into 0.0
 
@@ -65,7 +89,11 @@ def harness_line(report: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     b, d, s = report["bundle"], report["device"], report["settings"]
-    emulated = " (emulated: latency is not board latency)" if d.get("emulated") else ""
+    emulated = (
+        " (emulated: latency is qemu's emulation of the board, not board latency)"
+        if d.get("emulated")
+        else ""
+    )
     if d.get("machine"):  # facts the device reported about itself (SSH devices)
         emulated += f"; {d['machine']}, {d.get('cpu_model') or '?'}, Python {d.get('python') or '?'}"
     lines = [
@@ -75,7 +103,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s['episodes']} paired episodes (seeds {s['seeds'][0] if s['seeds'] else '-'}..); "
         f"reference **{report['reference']}**.",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
+        runtimes_line(report),
+        "",
+        "| " + " | ".join(columns(report)) + " |",
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(report)]

@@ -1,10 +1,13 @@
 """The emulated Raspberry Pi 4 and offline device setup.
 
-Fast tier: mirror parsing, the Pi 4 cpuinfo, the device entry, link and wheelhouse validation, and the
-setup commands run for real in a shell with hostile paths. Emulated tier (``-m emulated``; root, ~6-10
-min on a fresh machine): build + `up`, plain OpenSSH into the arm64 board, the device runner and an
-onnx-int8 CartPole closed loop on aarch64 onnxruntime, `devices setup` over SSH, then `down` leaves
-no process, mount or namespace.
+Fast tier: mirror parsing, the Pi 4 cpuinfo, the device entry, link and wheelhouse validation, pinning
+for the device's platform (real pip against a local wheel folder), and the setup commands run for real in
+a shell with hostile paths. Emulated tier (``-m emulated``; root, ~8-10 min on a fresh machine): the user's
+commands, `quarl-edge devices emulate rpi4 up`, plain OpenSSH into the arm64 board, the device runner and
+an onnx-int8 CartPole closed loop on aarch64 onnxruntime, `quarl-edge bench --device rpi4-emu` of a
+CartPole bundle with ONNX and TFLite fp32/int8 (episodes on the board, aarch64 onnxruntime and LiteRT),
+`devices setup` over SSH, then `quarl-edge devices emulate rpi4 down` leaves no process, mount or
+namespace.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +31,7 @@ from typer.testing import CliRunner
 
 from quarl_edge.devices import emulate, hostsys, netns, profiles, rootfs, wheelhouse
 from quarl_edge.devices.setup import OpenSSH, venv_of
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "we ird'$(touch PWNED);`id`\"x"
@@ -167,6 +171,7 @@ def test_sshd_config_is_key_only_and_listens_in_the_namespace() -> None:
         "ListenAddress 10.231.4.2",
     } <= lines
     assert "PermitRootLogin prohibit-password" in lines
+    assert "SetEnv QEMU_CPU=cortex-a72" in lines  # sessions run on an emulated Cortex-A72, not qemu's `max`
     assert "Subsystem sftp /usr/lib/openssh/sftp-server" in lines
 
 
@@ -252,7 +257,8 @@ def test_platform_tags_cover_every_glibc_up_to_the_device() -> None:
     assert "manylinux2014_aarch64" in tags and not any("2_37" in t for t in tags)
     cmd = wheelhouse.download_command(wheelhouse.WheelhouseSpec(), Path("/w h"))
     assert cmd[cmd.index("--python-version") + 1] == "3.11" and cmd[cmd.index("--dest") + 1] == "/w h"
-    assert "--only-binary=:all:" in cmd and cmd[-3:] == ["numpy", "onnxruntime", "gymnasium"]
+    assert "--only-binary=:all:" in cmd
+    assert cmd[-4:] == ["numpy", "onnxruntime", "gymnasium", "ai-edge-litert"]
 
 
 @pytest.mark.parametrize(
@@ -266,6 +272,74 @@ def test_wheelhouse_spec_validation(bad: dict[str, object]) -> None:
 def test_host_pinned_pins_what_the_host_has() -> None:
     pinned = wheelhouse.host_pinned(("numpy", "no-such-package-qe"))
     assert pinned[0].startswith("numpy==") and pinned[1] == "no-such-package-qe"
+
+
+def _wheel(folder: Path, name: str, version: str, tag: str) -> Path:
+    """A real, installable wheel of module ``name`` for the platform ``tag`` (e.g. manylinux_2_30_aarch64)."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-{tag}\n".encode(),
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    out = folder / f"{name}-{version}-py3-none-{tag}.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
+    return out
+
+
+@pytest.fixture
+def wheel_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A local wheel folder as pip's only index (no network): qe-probe 1.0 (glibc 2.17) and 2.0 (glibc
+    2.30) for aarch64; qe-opt only for x86_64. The pins cache in a private folder."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    _wheel(folder, "qe_probe", "1.0", "manylinux_2_17_aarch64")
+    _wheel(folder, "qe_probe", "2.0", "manylinux_2_30_aarch64")
+    _wheel(folder, "qe_opt", "1.0", "manylinux_2_17_x86_64")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return folder
+
+
+@pytest.mark.slow
+def test_pins_prefer_the_host_version_else_the_newest_with_a_wheel(wheel_index: Path, tmp_path: Path) -> None:
+    """The rule the emulated Pi and `devices setup` use, decided by the real pip for the device's tags."""
+    host = {"qe-probe": "2.0", "qe-opt": "1.0"}
+    new = wheelhouse.WheelhouseSpec(glibc="2.36", packages=("qe-probe", "qe-opt"))
+    spec, pins = wheelhouse.platform_pinned(new, optional=frozenset({"qe-opt"}), host_versions=host)
+    assert spec.packages == ("qe-probe==2.0",)
+    assert [(p.name, p.version, p.host) for p in pins] == [
+        ("qe-probe", "2.0", "2.0"),
+        ("qe-opt", None, "1.0"),
+    ]
+    assert pins[0].reason == "host version" and pins[1].reason.startswith("left out: no version has a wheel")
+
+    old = wheelhouse.WheelhouseSpec(glibc="2.24", packages=("qe-probe",))  # a board with an older glibc
+    spec, pins = wheelhouse.platform_pinned(old, host_versions=host)
+    assert spec.packages == ("qe-probe==1.0",)
+    assert pins[0].reason == "the host's 2.0 has no wheel for aarch64 cp311 (glibc 2.24); newest with one"
+
+    # the wheelhouse records what it holds and why
+    wheels = wheelhouse.download(spec, tmp_path / "house", pins=pins)
+    assert [w.name for w in wheels] == ["qe_probe-1.0-py3-none-manylinux_2_17_aarch64.whl"]
+    data = json.loads((tmp_path / "house" / "wheelhouse.json").read_text())
+    assert data["versions"] == {"qe-probe": "1.0"} and data["pins"][0]["host"] == "2.0"
+
+    # cached: the answer stands without the index (a cached board starts offline)
+    shutil.rmtree(wheel_index)
+    assert wheelhouse.platform_pinned(old, host_versions=host)[0] == spec
+    with pytest.raises(MissingDependencyError, match="no set of aarch64 wheels"):  # not optional, no wheel
+        wheelhouse.platform_pinned(wheelhouse.WheelhouseSpec(packages=("qe-opt",)), host_versions=host)
 
 
 def test_wheelhouse_folder_is_used_as_given(tmp_path: Path) -> None:
@@ -388,9 +462,25 @@ def _can_emulate() -> str | None:
     return None
 
 
+def _qe(*args: str | Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """The user's command line: `quarl-edge ARGS...` in a child process (environment as the test sets it)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "quarl_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+
+
+def _emulate(action: str) -> emulate.Status:
+    """`quarl-edge devices emulate rpi4 ACTION --json`; its status as the CLI printed it."""
+    r = _qe("devices", "emulate", "rpi4", action, "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    print(r.stderr.strip())
+    return emulate.Status(**json.loads(r.stdout))
+
+
 @pytest.fixture(scope="module")
-def board(tmp_path_factory: pytest.TempPathFactory) -> emulate.Status:
-    """`up` (timed: fresh build or cached start), with the device entry in a private config dir."""
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulate.Status]:
+    """`quarl-edge devices emulate rpi4 up` (timed: fresh build or cached start), with the device entry
+    in a private config dir. Torn down by the last test of this file, `down`, and here if that failed."""
     reason = _can_emulate()
     if reason:
         pytest.skip(reason)
@@ -399,25 +489,28 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> emulate.Status:
         pytest.skip("rpi4-emu is already running here; `quarl-edge devices emulate rpi4 down` first")
     mp = pytest.MonkeyPatch()
     mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
-    t0 = time.monotonic()
-    st = emulate.up("rpi4", log=print)
-    first = time.monotonic() - t0
-    kind = "cached start" if before.built else "fresh build + start"
-    print(
-        f"\n[emulated rpi4] {kind}: {first:.1f} s (build {st.build_seconds} s, sshd start {st.start_seconds} s)"
-    )
-    if not before.built:  # the issue asks for both numbers: a fresh build, then a cached start
-        emulate.down("rpi4", log=print)
-        t1 = time.monotonic()
-        st = emulate.up("rpi4", log=print)
-        print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")
-        assert time.monotonic() - t1 < 120
-    if not before.built:
-        assert first < 15 * 60, f"fresh build took {first:.0f} s (budget 15 min)"
-    print(f"[emulated rpi4] rootfs {st.rootfs_size_bytes / 2**20:.0f} MiB at {st.rootfs}")
-    yield st
-    emulate.down("rpi4", log=print)
-    mp.undo()
+    try:
+        t0 = time.monotonic()
+        st = _emulate("up")
+        first = time.monotonic() - t0
+        kind = "cached start" if before.built else "fresh build + start"
+        print(
+            f"\n[emulated rpi4] {kind}: {first:.1f} s (build {st.build_seconds} s, sshd start {st.start_seconds} s)"
+        )
+        if not before.built:  # the issue asks for both numbers: a fresh build, then a cached start
+            _emulate("down")
+            t1 = time.monotonic()
+            st = _emulate("up")
+            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")
+            assert time.monotonic() - t1 < 120
+            assert first < 15 * 60, f"fresh build took {first:.0f} s (budget 15 min)"
+        size = (st.rootfs_size_bytes or 0) / 2**20
+        print(f"[emulated rpi4] rootfs {size:.0f} MiB at {st.rootfs}; runtimes {st.runtimes}")
+        yield st
+    finally:
+        if emulate.status("rpi4").running:
+            emulate.down("rpi4", log=print)
+        mp.undo()
 
 
 def _ssh(st: emulate.Status, command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -444,6 +537,11 @@ def test_emulated_board_is_aarch64_over_strict_ssh(board: emulate.Status) -> Non
     r = _ssh(board, "uname -m")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "aarch64"
+    # the instruction set a session sees is the Pi 4's Cortex-A72 (ARMv8.0-A), not qemu's `max` CPU:
+    # no LSE atomics (HWCAP bit 8), no dot product (bit 20), no SVE (bit 22)
+    r = _ssh(board, "LD_SHOW_AUXV=1 /bin/true")
+    hwcap = int(next(ln.split()[-1] for ln in r.stdout.splitlines() if ln.startswith("AT_HWCAP:")), 16)
+    assert hwcap & 0b11 == 0b11 and hwcap & (1 << 8 | 1 << 20 | 1 << 22) == 0, hex(hwcap)
 
 
 @pytest.mark.emulated
@@ -499,19 +597,95 @@ def test_emulated_board_runs_onnx_int8_closed_loop(
     assert _ssh(board, "rm -rf /root/qe").returncode == 0  # keep the cached rootfs as built
 
 
+@pytest.fixture(scope="module")
+def onnx_tflite_bundle(
+    tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
+) -> Path:
+    """`quarl-edge export` of the shipped CartPole PPO to ONNX and TFLite, fp32 and int8."""
+    out = tmp_path_factory.mktemp("emu-bundle") / "cartpole-ppo"
+    r = _qe("export", "--policy", cartpole_policy, "--calibration", cartpole_calib,
+            "--to", "onnx-fp32,onnx-int8,tflite-fp32,tflite-int8", "--out", out, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.emulated
+@pytest.mark.timeout(1800)
+def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
+    board: emulate.Status, onnx_tflite_bundle: Path, tmp_path: Path
+) -> None:
+    """The user's bench: every model's closed-loop episodes run on the arm64 board (aarch64 onnxruntime and
+    LiteRT, from the board's wheelhouse), on the same seeds; int8 drift and agreement come from ARM kernels;
+    nothing presents qemu's latency as the board's."""
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--out", out)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    device = report["device"]
+    assert device["name"] == "rpi4-emu" and device["emulated"] is True and device["transport"] == "ssh"
+    assert device["machine"] == "aarch64" and device["uname"].split()[-1] == "aarch64", device["uname"]
+    assert device["cpu_model"].startswith("Cortex-A72")
+    installed = device["runtimes"]
+    assert installed["onnxruntime"] and installed["ai_edge_litert"] and installed["gymnasium"], installed
+    # what the board runs is what its wheelhouse pinned (the host's versions where aarch64 wheels exist)
+    assert board.runtimes["onnxruntime"] == installed["onnxruntime"]
+    assert board.runtimes["ai-edge-litert"] == installed["ai_edge_litert"]
+
+    models = {m["name"]: m for m in report["models"]}
+    assert list(models) == ["onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8"]
+    seeds = report["settings"]["seeds"]
+    assert len(seeds) == 3
+    for name, m in models.items():
+        assert m["reward"]["seeds"] == seeds and m["reward"]["episodes"] == 3, (name, m["reward"])
+        assert m["warnings"] == [], (name, m["warnings"])
+        assert m["latency"]["count"] > 0
+        runtime = (
+            f"onnxruntime {installed['onnxruntime']}"
+            if m["format"] == "onnx"
+            else f"ai-edge-litert {installed['ai_edge_litert']}"
+        )
+        assert m["runtime"] == runtime, (name, m["runtime"])  # fmt: skip
+    for name in ("onnx-int8", "tflite-int8"):
+        drift, agree = models[name]["drift"], models[name]["agreement"]
+        assert drift and drift["reward_drop_pct"] is not None and len(drift["rel_ci95"]) == 2, drift
+        assert agree and agree["value"] is not None and agree["value"] >= 0.9, agree
+    assert models["tflite-fp32"]["drift"]["reward_drop_pct"] is not None
+
+    md = out.with_suffix(".md").read_text()
+    device_line = next(ln for ln in md.splitlines() if ln.startswith("Device:"))
+    assert "rpi4-emu" in device_line and "emulated" in device_line and "not board latency" in device_line
+    assert "aarch64" in device_line
+    header = next(ln for ln in md.splitlines() if ln.startswith("| model"))
+    assert "p50 us (emulated)" in header and "p99 us (emulated)" in header and "| p50 us |" not in header
+    assert f"Runtimes on the device: onnxruntime {installed['onnxruntime']}" in md
+    assert f"ai-edge-litert {installed['ai_edge_litert']}: tflite-fp32" in md
+    assert "emulated: latency is qemu's" in r.stdout  # the terminal table's title says so too
+
+    print(f"\n[emulated rpi4] bench of 4 models x 3 episodes over SSH: {took:.1f} s (qemu: not Pi latency)")
+    for name, m in models.items():
+        d, a = m["drift"] or {}, m["agreement"] or {}
+        print(f"  {name:<12} p50 {m['latency']['p50_us']:8.1f} us (emulated)  reward {m['reward']['mean']:6.1f}  "
+              f"drop {d.get('reward_drop_pct', 0.0) or 0.0:+.2f}%  agree {a.get('value') or '-'}  {m['runtime']}")  # fmt: skip
+    print(f"  {next(ln for ln in md.splitlines() if ln.startswith('Runtimes'))}")
+    print(f"  harness: {json.dumps({k: v for k, v in report['harness'].items() if k != 'uploaded_files'})}")
+
+
 @pytest.mark.emulated
 @pytest.mark.timeout(1800)
 def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
     """`devices setup`'s path: upload the aarch64 wheelhouse, build a venv in the login directory, import."""
     from quarl_edge.devices import setup
 
-    spec = wheelhouse.WheelhouseSpec(packages=wheelhouse.host_pinned(wheelhouse.RUNTIME_PACKAGES))
+    spec, pins = wheelhouse.platform_pinned(wheelhouse.WheelhouseSpec())
     t0 = time.monotonic()
     with setup.open_device("rpi4-emu") as (shell, venv):
         assert venv == "/opt/quarl-edge/venv"  # the profile's python: the rootfs venv
         # a second venv in the login directory, as on a real board
         python = setup.setup(
-            shell, wheelhouse.resolve(spec), venv=wheelhouse.DEVICE_VENV, packages=spec.packages
+            shell, wheelhouse.download(spec, pins=pins), venv=wheelhouse.DEVICE_VENV, packages=spec.packages
         )
     print(
         f"\n[emulated rpi4] setup over SSH (upload + offline pip install under qemu): {time.monotonic() - t0:.1f} s"
@@ -528,12 +702,13 @@ def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
 @pytest.mark.emulated
 @pytest.mark.timeout(1800)
 def test_emulated_board_down_leaves_nothing(board: emulate.Status) -> None:
-    """Last in this file: `down` stops sshd by PID, unmounts everything, removes the veth and namespace."""
+    """Last in this file: `quarl-edge devices emulate rpi4 down` stops sshd by PID, unmounts everything,
+    removes the veth and the namespace."""
     pid = board.pid
     assert pid and hostsys.pid_alive(pid)
     rootfs_dir = Path(board.rootfs)
     assert hostsys.mount_points_under(rootfs_dir)
-    st = emulate.down("rpi4", log=print)
+    st = _emulate("down")
     assert not st.running
     assert not hostsys.pid_alive(pid)
     assert hostsys.pids_rooted_in(rootfs_dir) == []
