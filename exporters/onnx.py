@@ -232,7 +232,9 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         lo, hi = rng
         scale = max(hi - lo, 1e-8) / 255.0
         zero = int(np.clip(round(-lo / scale) - 128, -128, 127))
-        overrides[node.input[0]] = [{"scale": np.array(scale, np.float32), "zero_point": np.array(zero, np.int8)}]
+        overrides[node.input[0]] = [
+            {"scale": np.array(scale, np.float32), "zero_point": np.array(zero, np.int8)}
+        ]
     after_last = _float_io_nodes(pre)[1:]  # tanh/unscale/argmax after the output layer stay float
     obs_space = ctx.policy.spec.observation_space
     dummy = np.zeros((4, *obs_space.shape), dtype=np.dtype(obs_space.dtype))
