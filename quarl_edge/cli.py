@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from quarl_edge import __version__
+from quarl_edge.actorq.command import actorq as actorq_command
 from quarl_edge.cli_devices import HostOpt, IdentityOpt, PortOpt, UserOpt, devices_app, overrides
 from quarl_edge.cli_emulate import register as register_emulator
 from quarl_edge.output import handle_errors, info, print_json, table
@@ -416,6 +417,9 @@ def study_ptq(
         return
     table(f"PTQ study ({suite}), {study['episodes']} paired episodes", STUDY_COLUMNS, table_rows(study))
     info("wrote " + ", ".join(str(f) for f in files))
+
+
+app.command("actorq")(actorq_command)
 
 
 def main() -> None:

@@ -1,0 +1,144 @@
+"""ActorQ actors: Ray actors that collect epsilon-greedy experience with a quantized copy of the policy.
+
+Each `collect` call runs `steps` environment steps and returns the transitions as numpy arrays (the
+learner inserts them into its replay buffer), the finished episodes, and where the actor's time went.
+The learner hands every call the newest broadcast as ``[ObjectRef]`` (a list, so Ray does not resolve
+it); the actor only fetches it once ``update_period`` of its steps have passed since its last pull.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+ACTOR_FIELDS = ("inference", "env_step", "record", "weight_pull", "deserialize", "weight_load", "idle")
+LEARNER_FIELDS = (
+    "receive",
+    "replay_insert",
+    "replay_sample",
+    "learner_update",
+    "quantize_broadcast",
+    "checkpoint",
+    "bookkeeping",
+    "idle",
+)
+
+
+class LapTimer:
+    """Attributes every moment since the previous lap to the named field, so fields sum to wall time."""
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.start = self.last = time.perf_counter()
+        self.seconds = dict.fromkeys(fields, 0.0)
+
+    def lap(self, field: str) -> float:
+        now = time.perf_counter()
+        dt = now - self.last
+        self.seconds[field] += dt
+        self.last = now
+        return dt
+
+    def report(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.start
+        return {"wall_s": wall, "seconds": dict(self.seconds), "sum_s": sum(self.seconds.values())}
+
+
+class Actor:
+    """One experience collector (wrapped with ``ray.remote`` by the learner)."""
+
+    def __init__(self, env_id: str, seed: int, actor_id: int) -> None:
+        import gymnasium as gym
+
+        self.actor_id = actor_id
+        self.env = gym.make(env_id)
+        self.rng = np.random.default_rng(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.episode_return, self.episode_len = 0.0, 0
+        self.session: Any = None
+        self.precision = "none"
+        self.version = -1
+        self.since_pull = 0
+        self.steps = 0
+        self._last_model: bytes | None = None
+        self.timer = LapTimer(ACTOR_FIELDS)
+
+    def _pull(self, box: list[Any]) -> None:
+        import onnx
+        import onnxruntime as ort
+        import ray
+
+        payload = ray.get(box[0])
+        self.timer.lap("weight_pull")
+        onnx.load_model_from_string(payload.model)  # parse + validate the bytes before loading
+        self.timer.lap("deserialize")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(payload.model, so, providers=["CPUExecutionProvider"])
+        self.precision, self.version, self.since_pull = payload.precision, payload.version, 0
+        self._last_model = payload.model
+        self.timer.lap("weight_load")
+
+    def collect(
+        self, steps: int, epsilon: float, version: int, box: list[Any], update_period: int
+    ) -> dict[str, Any]:
+        t = self.timer
+        t.lap("idle")  # since the previous call returned: waiting for the learner
+        if self.session is None or (self.since_pull >= update_period and version > self.version):
+            self._pull(box)
+        n_obs = int(np.prod(self.env.observation_space.shape or (1,)))
+        obs_buf = np.empty((steps, n_obs), np.float32)
+        next_buf = np.empty((steps, n_obs), np.float32)
+        act_buf = np.empty(steps, np.int64)
+        rew_buf = np.empty(steps, np.float32)
+        done_buf = np.empty(steps, np.float32)
+        episodes: list[tuple[float, int]] = []
+        n_actions = int(self.env.action_space.n)  # type: ignore[attr-defined]
+        for i in range(steps):
+            obs = np.asarray(self.obs, np.float32).reshape(1, -1)
+            if self.rng.random() < epsilon:
+                action = int(self.rng.integers(n_actions))
+            else:
+                action = int(np.argmax(self.session.run(None, {"obs": obs})[0][0]))
+            t.lap("inference")
+            next_obs, reward, terminated, truncated, _ = self.env.step(action)
+            t.lap("env_step")
+            obs_buf[i], next_buf[i], act_buf[i] = obs[0], next_obs, action
+            rew_buf[i], done_buf[i] = reward, float(terminated)  # truncation is not a terminal state
+            self.episode_return += float(reward)
+            self.episode_len += 1
+            self.since_pull += 1
+            self.steps += 1
+            if terminated or truncated:
+                episodes.append((self.episode_return, self.episode_len))
+                self.episode_return, self.episode_len = 0.0, 0
+                next_obs, _ = self.env.reset()
+            self.obs = next_obs
+            t.lap("record")
+            if self.since_pull >= update_period and version > self.version:
+                self._pull(box)
+        return {
+            "actor_id": self.actor_id,
+            "obs": obs_buf,
+            "next_obs": next_buf,
+            "actions": act_buf,
+            "rewards": rew_buf,
+            "dones": done_buf,
+            "episodes": episodes,
+            "version": self.version,
+            "breakdown": t.report(),
+        }
+
+    def inspect(self) -> dict[str, Any]:
+        """What this actor is running: precision, broadcast version and the session's graph evidence."""
+        from quarl_edge.actorq.broadcast import int8_evidence
+
+        info: dict[str, Any] = {"precision": self.precision, "version": self.version, "steps": self.steps}
+        if self.session is not None:
+            meta = self.session.get_modelmeta()
+            info["graph"] = meta.graph_name
+        if self._last_model is not None:
+            info["evidence"] = int8_evidence(self._last_model)
+        return info

@@ -1,0 +1,154 @@
+"""Weight broadcast for ActorQ: the learner quantizes once, every actor loads the same payload.
+
+The payload is a self-contained ONNX model (bytes) of the Q-network MLP at the actors' precision,
+built straight from the learner's fp32 weights (no torch export: a few ms), so actors need only numpy
+and onnxruntime. int8 is ONNX Runtime static quantization, QDQ, int8 weights and activations (S8S8,
+per-tensor), calibrated on observations sampled from the learner's replay buffer.
+
+Why ONNX Runtime QDQ and not torch ``quantize_dynamic`` (fbgemm/x86 int8 Linear): measured here, one
+thread, batch 1, on a loaded 2-core AVX-512 VNNI machine (see README "ActorQ"):
+
+    MLP 4-64-64-2       torch fp32 20 us, torch int8-dynamic 55 us (0.37x), ORT fp32 7.3 us, ORT int8 6.0 us (1.21x)
+    MLP 4-2048x3-2      torch fp32 1484 us, torch int8-dynamic 161 us (9.2x), ORT fp32 1127 us, ORT int8 94 us (12x)
+
+ORT is the faster int8 path at both sizes and its fp32 is also the faster fp32 baseline, so all three
+precisions run on the same runtime and the comparison isolates precision. The price is paid once per
+broadcast on the learner (calibrate + quantize: ~0.1 s small, ~0.8 s for the 2048-wide MLP).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PRECISIONS = ("fp32", "fp16", "int8")
+INPUT_NAME, OUTPUT_NAME = "obs", "q"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What the learner `ray.put`s once per broadcast; every actor pulls the same object."""
+
+    version: int
+    precision: str
+    model: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.model)
+
+
+def mlp_layers(state_dict: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight [out, in], bias [out]) of each Linear of an nn.Sequential MLP, in order."""
+    weights = sorted(k for k in state_dict if k.endswith(".weight"))
+    weights.sort(key=lambda k: int(k.split(".")[-2]))
+    return [
+        (
+            state_dict[k].detach().cpu().numpy().astype(np.float32),
+            state_dict[k[: -len("weight")] + "bias"].detach().cpu().numpy().astype(np.float32),
+        )
+        for k in weights
+    ]
+
+
+def mlp_onnx(layers: list[tuple[np.ndarray, np.ndarray]], fp16: bool = False) -> Any:
+    """MatMul + Add (+ Relu between layers) graph; fp16 keeps float32 input and output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dtype = np.float16 if fp16 else np.float32
+    nodes, inits = [], []
+    x = INPUT_NAME
+    if fp16:
+        nodes.append(helper.make_node("Cast", [x], ["obs16"], to=TensorProto.FLOAT16))
+        x = "obs16"
+    for i, (w, b) in enumerate(layers):
+        inits += [
+            numpy_helper.from_array(w.T.astype(dtype), f"w{i}"),
+            numpy_helper.from_array(b.astype(dtype), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"]),
+            helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"a{i}"]),
+        ]
+        x = f"a{i}"
+        if i < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    if fp16:
+        nodes.append(helper.make_node("Cast", [x], [OUTPUT_NAME], to=TensorProto.FLOAT))
+    else:
+        nodes.append(helper.make_node("Identity", [x], [OUTPUT_NAME]))
+    n_in, n_out = layers[0][0].shape[1], layers[-1][0].shape[0]
+    graph = helper.make_graph(
+        nodes,
+        "qnet",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", n_out])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+class _Calibration:
+    def __init__(self, obs: np.ndarray) -> None:
+        self._it = iter([{INPUT_NAME: np.ascontiguousarray(obs, dtype=np.float32)}])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+def quantize_broadcast(
+    state_dict: dict[str, Any], precision: str, calib_obs: np.ndarray | None, version: int
+) -> Payload:
+    """The learner's fp32 weights as one payload at ``precision`` (int8 needs calibration observations)."""
+    layers = mlp_layers(state_dict)
+    model = mlp_onnx(layers, fp16=precision == "fp16")
+    if precision != "int8":
+        return Payload(version, precision, model.SerializeToString())
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    if calib_obs is None or len(calib_obs) == 0:
+        # before any experience: a unit-range guess, replaced at the next broadcast
+        calib_obs = np.random.default_rng(0).standard_normal((64, layers[0][0].shape[1])).astype(np.float32)
+    logging.getLogger().setLevel(logging.ERROR)  # ORT's "consider pre-processing" advice, every call
+    with tempfile.TemporaryDirectory(prefix="quarl-aq-") as d:
+        src, dst = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
+        onnx.save(model, str(src))
+        quantize_static(
+            str(src),
+            str(dst),
+            _Calibration(calib_obs),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+        )
+        return Payload(version, precision, dst.read_bytes())
+
+
+def int8_evidence(model: bytes) -> dict[str, int]:
+    """Counts that show a payload really is int8: QDQ nodes and int8 weight initializers."""
+    import onnx
+    from onnx import TensorProto
+
+    m = onnx.load_model_from_string(model)
+    ops = [n.op_type for n in m.graph.node]
+    return {
+        "QuantizeLinear": ops.count("QuantizeLinear"),
+        "DequantizeLinear": ops.count("DequantizeLinear"),
+        "int8_initializers": sum(t.data_type == TensorProto.INT8 for t in m.graph.initializer),
+        "float_weight_initializers": sum(
+            t.data_type == TensorProto.FLOAT and len(t.dims) == 2 for t in m.graph.initializer
+        ),
+    }

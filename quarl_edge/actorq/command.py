@@ -1,0 +1,46 @@
+"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn (registered in quarl_edge/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from quarl_edge.output import handle_errors, info, print_json
+
+
+@handle_errors
+def actorq(
+    env: Annotated[str, typer.Option("--env", help="discrete-action gymnasium id, e.g. CartPole-v1")],
+    out: Annotated[
+        Path, typer.Option("--out", help="folder for log.json, breakdown.png, curve.png, checkpoint/")
+    ],
+    algo: Annotated[str, typer.Option("--algo", help="dqn (d4pg: not implemented yet)")] = "dqn",
+    actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
+    actor_precision: Annotated[
+        str, typer.Option("--actor-precision", help="fp32, fp16 or int8 (ONNX Runtime QDQ)")
+    ] = "int8",
+    update_period: Annotated[
+        int, typer.Option("--update-period", help="actor steps between weight pulls")
+    ] = 100,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster (default: local Ray)")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the log as JSON on stdout")] = False,
+) -> None:
+    """ActorQ: fp32 learner, Ray actors at fp32/fp16/int8, runtime breakdown and learning curve."""
+    from quarl_edge.actorq.dqn import Args, train
+
+    args = Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision,
+                update_period=update_period, address=address, steps=steps, seed=seed, resume=resume)  # fmt: skip
+    args.validate()  # before Ray starts
+    log = train(args)
+    if as_json:
+        print_json(log)
+        return
+    returns = [p["return"] for p in log["curve"][-10:]]
+    mean = sum(returns) / len(returns) if returns else float("nan")
+    info(f"{log['env_steps']} env steps, {log['learner_updates']} updates, last-10 mean return {mean:.1f}")
+    info(f"payload {log['payload_bytes']}; wrote {out}/log.json, breakdown.png, curve.png")

@@ -1,0 +1,55 @@
+"""ActorQ figures: the runtime breakdown as stacked bars (one per role) and the learning curves."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def plot_breakdown(log: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roles = {k: v for k, v in log["breakdown"].items() if "seconds" in v}
+    fields = sorted({f for v in roles.values() for f in v["seconds"]})
+    fig, ax = plt.subplots(figsize=(1.2 * len(roles) + 4, 4))
+    bottom = [0.0] * len(roles)
+    for f in fields:
+        vals = [v["seconds"].get(f, 0.0) for v in roles.values()]
+        ax.bar(list(roles), vals, bottom=bottom, label=f)
+        bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
+    a = log["args"]
+    ax.set_title(f"ActorQ {a['env']}: {a['actor_precision']} actors, update period {a['update_period']}")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_curve(log: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = log["curve"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a1.plot([p["wall_s"] for p in c], [p["return"] for p in c], ".", ms=3)
+    a1.set_xlabel("wall time (s)")
+    a2.plot([p["env_steps"] for p in c], [p["return"] for p in c], ".", ms=3)
+    a2.set_xlabel("environment steps")
+    a1.set_ylabel("episodic return")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
