@@ -342,3 +342,66 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
     return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
+
+
+@register("onnx-int4", calibrated=True)
+def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
+    """Weights on the symmetric 4-bit grid (ONNX INT4 initializers, QDQ), int8 activations calibrated.
+
+    A QAT policy exports its effective weights (already on its n-bit grid, n <= 4 keeps them exact up
+    to the int4 rescale); a fp32 policy is post-training quantized to 4 bits. ONNX Runtime (>= 1.20)
+    runs INT4 DequantizeLinear on CPU; see the README for what that costs at run time.
+    """
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if ctx.policy.arch.qat:
+        from quarl_edge.qat import deployable
+
+        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
+    if ctx.calibration is None or len(ctx.calibration) == 0:
+        raise InputError("int4 export needs calibration observations", "pass --calibration FILE.npz")
+    fp32 = export_fp32(ctx, ctx.workdir / "int4-src.fp32.onnx")
+    pre = ctx.workdir / "int4-src.pre.onnx"
+    try:
+        quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
+        shutil.copyfile(fp32, pre)
+    after_last = _float_io_nodes(pre)[1:]  # argmax / tanh / unscale after the output layer stay float
+    per_channel = ctx.policy.arch.model == "nature_cnn"
+    dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
+    logging.getLogger().setLevel(logging.ERROR)
+    with contextlib.redirect_stdout(sys.stderr):
+        quantize_static(
+            str(pre),
+            str(path),
+            _Reader(ctx.calibration, dtype),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt4,
+            per_channel=per_channel,
+            op_types_to_quantize=["Conv", "Gemm", "MatMul"],
+            nodes_to_exclude=after_last,
+            extra_options={"WeightSymmetric": True},
+        )
+    params = _qdq_params(path)
+    quant = {
+        "scheme": "static QDQ, int4 weights (symmetric), int8 activations (minmax calibrated)",
+        "weight_bits": 4,
+        "per_channel": per_channel,
+        "calibration_samples": int(len(ctx.calibration)),
+        "float_nodes": after_last,
+        "int4_weight_tensors": _int4_weights(path),
+        **params,
+    }
+    import onnxruntime
+
+    tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    return ExportedModel(path, "onnx", "int4", quant, _io(path), tools)
+
+
+def _int4_weights(path: Path) -> int:
+    import onnx
+
+    m = onnx.load(str(path))
+    return sum(1 for i in m.graph.initializer if i.data_type == onnx.TensorProto.INT4 and len(i.dims) >= 1)

@@ -221,15 +221,17 @@ def read_back(path: Path, layer_names: list[str] | None = None) -> tuple[dict[st
     for op, label in zip(compute, layer_names, strict=True):
         x, w = tensors[op["inputs"][0]], tensors[op["inputs"][1]]
         wq = _qparams(w)
-        layers.append(
-            {
-                "layer": label,
-                "op": op["op_name"],
-                "weights": np.dtype(w["dtype"]).name,
-                "per_channel": bool(wq and "scales" in wq),
-                "input": np.dtype(x["dtype"]).name,
-            }
-        )
+        layer = {
+            "layer": label,
+            "op": op["op_name"],
+            "weights": np.dtype(w["dtype"]).name,
+            "per_channel": bool(wq and "scales" in wq),
+            "input": np.dtype(x["dtype"]).name,
+        }
+        xq = _qparams(x)
+        if xq is not None:
+            layer["input_quantization"] = xq
+        layers.append(layer)
     integer = {"int8", "uint8"}
     quant = {
         "ops": dict(Counter(op["op_name"] for op in ops if op["op_name"] != "DELEGATE")),
@@ -393,8 +395,136 @@ def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
         return convert_pt2e(prepared, fold_quantize=False)
 
 
+def _module_path(node: torch.fx.Node) -> str:
+    stack = list(node.meta.get("nn_module_stack", {}).values())
+    return str(stack[-1][0]) if stack else ""
+
+
+def _learned_ranges(
+    ctx: ExportContext, quantizer: Any, ranges: dict[str, tuple[float, float] | None]
+) -> tuple[nn.Module, dict[str, Any]]:
+    """prepare_pt2e -> fix every activation observer to a range learned in QAT -> convert_pt2e.
+
+    No observation is calibrated on: one forward pass on a zero observation fills the weight observers
+    (weights are data-independent), then each activation observer's min/max is overwritten. A layer's
+    input takes that layer's learned range. A hidden layer's output, which TFLite also quantizes but QAT
+    left float, is the input of a monotonic activation whose output is the next layer's input: its range
+    is that learned range mapped back (atanh for Tanh; for ReLU the fused output is the next input).
+    Any other observed tensor has no learned range and is refused (export with --calibration).
+    """
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    layer_ops = {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default}
+    with _quiet():
+        program = torch.export.export(ctx.policy.net, (_example(ctx.policy, 1),))
+        prepared = prepare_pt2e(program.module(), quantizer)
+        with torch.no_grad():
+            prepared(_example(ctx.policy, 1))
+    observers = {
+        n.name: n
+        for n in prepared.graph.nodes
+        if n.op == "call_module" and "activation_post_process" in n.target
+    }
+    fixed: dict[str, list[float]] = {}
+
+    def layer_range(node: torch.fx.Node) -> tuple[float, float] | None:
+        return ranges.get(_module_path(node)) if node.target in layer_ops else None
+
+    for obs in observers.values():
+        users = list(obs.users)
+        src = obs.args[0]
+        if isinstance(src, torch.fx.Node) and src.op == "get_attr":
+            continue  # a weight observer: filled from the weights by the forward pass above
+        rng = next((r for u in users if u.args and u.args[0] is obs for r in [layer_range(u)] if r), None)
+        if rng is None and len(users) == 1 and users[0].target == torch.ops.aten.tanh.default:
+            act = users[0]  # its output goes to the next layer, observed or (next layer float) not
+            after = [o for o in observers.values() if o.args[0] is act] or [act]
+            nxt = [u for o in after for u in o.users if u.args and u.args[0] is o]
+            learned = layer_range(nxt[0]) if len(nxt) == 1 else None
+            if learned is not None:
+                lim = 1.0 - 2.0**-12  # atanh(+-1) is infinite; tanh saturates long before in float32
+                rng = (
+                    float(np.arctanh(np.clip(learned[0], -lim, lim))),
+                    float(np.arctanh(np.clip(learned[1], -lim, lim))),
+                )
+        if rng is None:
+            raise InputError(
+                f"no range learned in QAT for the TFLite tensor {src}",
+                "re-export with --calibration FILE.npz to calibrate instead of using the learned ranges",
+            )
+        mod = getattr(prepared, obs.target)
+        mod.min_val.fill_(min(rng[0], 0.0))
+        mod.max_val.fill_(max(rng[1], 0.0))
+        fixed[str(src)] = [mod.min_val.item(), mod.max_val.item()]
+    with _quiet():
+        return convert_pt2e(prepared, fold_quantize=False), fixed
+
+
+def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel:
+    """An 8-bit QAT policy: int8 weights from its n-bit grid, activation ranges learned in training.
+
+    The output layer stays float: its output was never quantized in training, so no range was learned.
+    """
+    _litert_torch("tflite-int8")
+    from dataclasses import replace
+
+    from litert_torch.quantize.quant_config import QuantConfig
+
+    from quarl_edge.qat import deployable
+
+    qat = dict(ctx.policy.arch.qat or {})
+    plain, learned = deployable(ctx.policy)
+    ctx = replace(ctx, policy=plain)
+    names = compute_layers(plain)
+    ranges = dict(zip(names, learned, strict=True))
+    float_layers = names[-1:]
+    # QAT's own weight grid: per-tensor for dense layers, per-channel for convolutions; any other
+    # granularity would round the trained weights a second time
+    per_channel = plain.arch.model == "nature_cnn"
+    quantizer = _quantizer(ctx, float_layers, per_channel=per_channel)
+    try:
+        module, fixed = _learned_ranges(ctx, quantizer, ranges)
+    except InputError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(
+            f"TFLite int8 with learned ranges failed: {first}", "re-export with --calibration FILE.npz"
+        ) from None
+    _convert("tflite-int8", plain, path, module=module, quant_config=QuantConfig(pt2e_quantizer=quantizer))
+    io_, params = read_back(path, names)
+    quant = {
+        "scheme": "static int8 (PT2E): int8 weights, int8 activations, integer kernels",
+        "ranges": "learned in quantization-aware training (no calibration)",
+        "range_sources": {
+            "layer inputs": "QAT EMA ranges (act_lo, act_hi)",
+            "hidden pre-activations": "atanh of the next layer's learned range (Tanh) / fused ReLU output",
+            "weights": "the QAT n-bit grid (max |w| of the effective weights, QAT's granularity)",
+        },
+        "fixed_activation_ranges": fixed,
+        "qat": qat,
+        "per_channel": per_channel,
+        "calibration_samples": 0,
+        "requested_int8_layers": names[:-1],
+        "float_nodes": float_layers,
+        **params,
+    }
+    return ExportedModel(
+        path, "tflite", "int8", quant, io_, _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)")
+    )
+
+
 @register("tflite-int8", calibrated=True, requires=TFLITE)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
+    qat = ctx.policy.arch.qat
+    if qat and int(qat["bits"]) == 8 and qat.get("activations", True):
+        return _export_int8_learned_ranges(ctx, path)
+    if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
+        from dataclasses import replace
+
+        from quarl_edge.qat import deployable
+
+        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
     _litert_torch("tflite-int8")  # the install command if missing; progress output off

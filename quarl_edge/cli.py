@@ -419,6 +419,71 @@ def study_ptq(
     info("wrote " + ", ".join(str(f) for f in files))
 
 
+@study_app.command("qat")
+@handle_errors
+def study_qat(
+    suite: Annotated[
+        str, typer.Option("--suite", help="quick (CI: CartPole PPO) or paper (every task)")
+    ] = "quick",
+    episodes: Annotated[int | None, typer.Option("--episodes", help="paired episodes per variant")] = None,
+    bits: Annotated[str | None, typer.Option("--bits", help="bit widths, e.g. 2,4,8")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="override the QAT training steps")] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="folder for qat.md/.csv/.json and the PNG plot")] = Path(
+        "out/study-qat"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
+    """PTQ vs QAT per task and bit width: reward vs bits on the same seeds, table and plot."""
+    from quarl_edge.runtimes.errors import InputError
+    from quarl_edge.study.qat import COLUMNS as QAT_COLUMNS
+    from quarl_edge.study.qat import QATStudyConfig, run_study, table_rows, write_outputs
+
+    try:
+        bit_list = tuple(int(b) for b in bits.split(",")) if bits else None
+    except ValueError:
+        raise InputError(f"--bits {bits!r} is not a list of integers", "e.g. --bits 2,4,8") from None
+    cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address)
+    study = run_study(cfg, progress=info)
+    files = write_outputs(study, out)
+    if as_json:
+        print_json(study)
+        return
+    table(f"QAT vs PTQ ({suite}), {study['episodes']} paired episodes", QAT_COLUMNS, table_rows(study))
+    info("wrote " + ", ".join(str(f) for f in files))
+
+
+@study_app.command("actorq")
+@handle_errors
+def study_actorq(
+    suite: Annotated[
+        str, typer.Option("--suite", help="quick (CI, ~1 min) or paper (3 seeds, 2048x3: hours)")
+    ] = "quick",
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="folder for actorq.md/.json, breakdown PNGs, runs/")
+    ] = Path("out/study-actorq"),
+    as_json: JsonOpt = False,
+) -> None:
+    """ActorQ: fp32 vs fp16 vs int8 actors on the same seeds; time to target and final return."""
+    from quarl_edge.actorq.study import COLUMNS as AQ_COLUMNS
+    from quarl_edge.actorq.study import run_study as run_aq_study
+    from quarl_edge.actorq.study import table_rows as aq_rows
+    from quarl_edge.actorq.study import write_outputs as write_aq
+
+    study = run_aq_study(suite, out, address, progress=info)
+    files = write_aq(study, out)
+    if as_json:
+        print_json(study)
+        return
+    table(f"ActorQ study ({suite})", AQ_COLUMNS, aq_rows(study))
+    info("wrote " + ", ".join(str(f) for f in files))
+
+
 app.command("actorq")(actorq_command)
 
 

@@ -8,13 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from quarl_edge.actorq.actors import ACTOR_FIELDS, LEARNER_FIELDS  # noqa: E402
 from quarl_edge.actorq.broadcast import int8_evidence, quantize_broadcast  # noqa: E402
+from quarl_edge.actorq.d4pg import Actor as D4PGActor  # noqa: E402
+from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
+from quarl_edge.actorq.d4pg import project  # noqa: E402
+from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
+from quarl_edge.actorq.study import run_study, time_to_target, write_outputs  # noqa: E402
+from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
 
 
 @pytest.fixture
@@ -27,13 +34,18 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             yield d
         finally:
             ray.shutdown()
-            left = subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split()
-            for _ in range(20):  # workers exit asynchronously after shutdown
-                if not left:
-                    break
-                subprocess.run(["sleep", "0.5"])
-                left = subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split()
+            left = _ray_processes_left(d)
             assert not left, f"Ray processes left: {left}"
+
+
+def _ray_processes_left(tmpdir: str) -> list[str]:
+    left = subprocess.run(["pgrep", "-f", tmpdir], capture_output=True, text=True).stdout.split()
+    for _ in range(20):  # workers exit asynchronously after shutdown
+        if not left:
+            break
+        subprocess.run(["sleep", "0.5"])
+        left = subprocess.run(["pgrep", "-f", tmpdir], capture_output=True, text=True).stdout.split()
+    return left
 
 
 def _check_breakdown(role: dict[str, Any], fields: tuple[str, ...]) -> None:
@@ -66,6 +78,8 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
         _check_breakdown(a, ACTOR_FIELDS)
         assert a["seconds"]["inference"] > 0 and a["seconds"]["weight_pull"] > 0
     assert log["curve"] and {"wall_s", "env_steps", "return"} <= set(log["curve"][0])
+    tp = log["inference_throughput"]
+    assert set(tp["calls_per_s"]) == {"fp32", "int8"} and tp["ratio_vs_fp32"]["int8/fp32"] > 0
     for name in ("log.json", "breakdown.png", "curve.png", "checkpoint/state.json", "checkpoint/model.pt"):
         assert (tmp_path / name).is_file(), name
     # resume: the checkpoint's step count carries over
@@ -91,8 +105,6 @@ def test_killed_actor_is_replaced_and_training_continues(local_ray: str, tmp_pat
 
 
 def test_int8_broadcast_payload_is_3x_smaller() -> None:
-    import numpy as np
-
     q = QNetwork(4, 2, (256, 256))
     obs = np.random.default_rng(0).standard_normal((128, 4)).astype(np.float32)
     fp32 = quantize_broadcast(q.state_dict(), "fp32", None, 0)
@@ -106,7 +118,10 @@ def test_int8_broadcast_payload_is_3x_smaller() -> None:
     [
         ["--actors", "0"],
         ["--actor-precision", "int4"],
-        ["--algo", "d4pg"],
+        ["--algo", "d4pg"],  # CartPole has discrete actions
+        ["--algo", "a3c"],
+        ["--hidden", "64,x"],
+        ["--hidden", "64,0"],
         ["--update-period", "0"],
         ["--env", "Pendulum-v1"],
     ],
@@ -118,3 +133,112 @@ def test_bad_input_is_one_line_exit_2(cli: Any, tmp_path: Path, flags: list[str]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def inspect(steps: int, actors: list[Any]) -> None:
+        if steps >= 900 and "info" not in seen:
+            seen["info"] = ray.get([a.inspect.remote() for a in actors])
+
+    args = D4PGArgs(out=tmp_path, steps=1200, actors=2, actor_precision="int8", learning_starts=400,
+                    update_period=50, hidden=(64, 64), batch_size=64, train_frequency=8, n_step=3)  # fmt: skip
+    log = train_d4pg(args, on_chunk=inspect)
+    assert log["env_steps"] >= 1200 and log["learner_updates"] > 0 and log["broadcasts"] > 1
+    assert all(np.isfinite(v) for v in log["losses"].values())
+    for info in seen["info"]:
+        assert info["precision"] == "int8" and info["graph"] == "actor"
+        ev = info["evidence"]
+        assert (
+            ev["QuantizeLinear"] > 0 and ev["int8_initializers"] >= 3 and ev["float_weight_initializers"] == 0
+        )
+    _check_breakdown(log["breakdown"]["learner"], LEARNER_FIELDS)
+    actors = [v for k, v in log["breakdown"].items() if k.startswith("actor")]
+    assert len(actors) == 2
+    for a in actors:
+        _check_breakdown(a, ACTOR_FIELDS)
+    assert len(log["curve"]) >= 4 and all(
+        -3300 < p["return"] <= 0 for p in log["curve"]
+    )  # 200 steps of cost <= 16.3
+    assert log["inference_throughput"]["ratio_vs_fp32"]["int8/fp32"] > 0
+    assert (tmp_path / "checkpoint" / "state.json").is_file() and (tmp_path / "breakdown.png").is_file()
+
+
+def test_continuous_actor_graph_matches_torch_and_int8_is_close() -> None:
+    import torch
+
+    low, high = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
+    actor = D4PGActor(3, low, high, (32, 32))
+    obs = np.random.default_rng(0).standard_normal((256, 3)).astype(np.float32)
+    want = actor(torch.from_numpy(obs)).detach().numpy()
+    for precision, tol in (("fp32", 1e-5), ("fp16", 1e-2), ("int8", 0.15)):
+        payload = quantize_broadcast(actor.mlp_state(), precision, obs, 0, actor.squash())
+        got = session(payload.model).run(None, {"obs": obs})[0]
+        assert np.abs(got - want).max() <= tol * 2, precision
+        assert (got >= low - 1e-3).all() and (got <= high + 1e-3).all()
+
+
+def test_categorical_projection_keeps_mass_and_mean() -> None:
+    import torch
+
+    support = torch.linspace(-10, 10, 21)
+    probs = torch.softmax(torch.randn(5, 21), 1)
+    rewards, discounts = torch.tensor([0.0, 0.5, -0.7, 100.0, 0.3]), torch.tensor([1.0, 0.9, 0.5, 0.9, 0.0])
+    out = project(probs, rewards, discounts, support)
+    assert torch.allclose(out.sum(1), torch.ones(5), atol=1e-5)
+    mean_in = rewards + discounts * (probs * support).sum(1)
+    mean_out = (out * support).sum(1)
+    assert torch.allclose(mean_in[[0, 1, 2, 4]], mean_out[[0, 1, 2, 4]], atol=1e-4)  # 100 clips at v_max
+    assert torch.isclose(mean_out[3], torch.tensor(10.0))
+
+
+def test_throughput_reports_int8_over_fp32_ratio() -> None:
+    q = QNetwork(4, 2, (64, 64))
+    obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    models = {p: quantize_broadcast(q.state_dict(), p, obs, 0).model for p in ("fp32", "fp16", "int8")}
+    tp = inference_throughput(models, obs, calls=50, rounds=2)
+    assert set(tp["ratio_vs_fp32"]) == {"fp16/fp32", "int8/fp32"} and all(
+        v > 0 for v in tp["calls_per_s"].values()
+    )
+
+
+def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
+    study = run_study("quick", tmp_path, progress=lambda _: None)
+    assert len(study["runs"]) == 6  # fp32/fp16/int8 at two update periods, one seed
+    assert {r["precision"] for r in study["rows"]} == {"fp32", "fp16", "int8"}
+    assert all(r["final_return_mean"] is not None for r in study["rows"])
+    files = write_outputs(study, tmp_path)
+    assert {f.name for f in files} == {"actorq.json", "actorq.md", "breakdown-CartPole-v1-dqn.png"}
+    assert "| CartPole-v1 dqn | int8 |" in (tmp_path / "actorq.md").read_text()
+
+
+def test_time_to_target_uses_the_rolling_mean() -> None:
+    curve = [
+        {"wall_s": float(i), "return": r} for i, r in enumerate([10, 10, 50, 50, 50, 50, 50, 50, 50, 50, 50])
+    ]
+    assert time_to_target(curve, 40.0) == 9.0  # the first full window of 10 (mean 42)
+    assert time_to_target(curve, 45.0) == 10.0  # the next (mean 46)
+    assert time_to_target(curve, 60.0) is None
+
+
+def test_study_unknown_suite_is_one_line_exit_2(cli: Any, tmp_path: Path) -> None:
+    r = cli("study", "actorq", "--suite", "huge", "--out", tmp_path / "o", timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error:") and "quick" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_d4pg_with_hidden_prints_json_with_throughput(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="aq", dir="/tmp") as d:
+        monkeypatch.setenv("RAY_TMPDIR", d)
+        r = cli("actorq", "--env", "Pendulum-v1", "--algo", "d4pg", "--hidden", "32,32", "--actors", "1",
+                "--steps", "256", "--out", tmp_path / "o", "--json", timeout=300)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        log = json.loads(r.stdout)
+        assert log["args"]["hidden"] == [32, 32] and log["args"]["algo"] == "d4pg" and log["env_steps"] >= 256
+        assert log["inference_throughput"]["ratio_vs_fp32"]["int8/fp32"] > 0
+        assert not _ray_processes_left(d)

@@ -229,8 +229,8 @@ def test_record_sb3_zip_with_unknown_env(cli: Any, sb3_zip: Path, tmp_path: Path
 
 def test_export_unknown_target(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", cartpole_policy, "--to", "onnx-int4", "--out", out))
-    assert "onnx-int4" in line
+    line = assert_one_error(cli("export", "--policy", cartpole_policy, "--to", "onnx-int3", "--out", out))
+    assert "onnx-int3" in line
     assert "known targets" in line and all(t in line for t in ("onnx-fp32", "onnx-fp16", "onnx-int8"))
     assert_absent(out)
 

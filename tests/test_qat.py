@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,11 +103,31 @@ def test_qat_training_checkpoint_carries_bits_ranges_and_delay(
     assert policy.predict(obs.astype(np.float32)).shape[0] == 2
 
 
-def test_qat8_policy_exports_int8_with_learned_ranges_and_passes_the_gate(cli, tmp_path: Path) -> None:
-    policy = tmp_path / "qat8"
-    proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--steps", "20000", "--qat-bits", "8",
-               "--quant-delay", "5000", "--eval-episodes", "3", "--out", policy)  # fmt: skip
+@pytest.fixture(scope="module")
+def qat8_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 8-bit QAT CartPole PPO (20k steps, delay 5k), shared by the ONNX and TFLite export tests."""
+    # (not `from tests.conftest import ROOT`: a dependency installs its own top-level `tests` package)
+    root = Path(__file__).resolve().parent.parent
+    policy = tmp_path_factory.mktemp("qat8") / "policy"
+    cmd = [sys.executable, "-m", "quarl_edge.cli", "train", "--env", "CartPole-v1", "--algo", "ppo",
+           "--steps", "20000", "--qat-bits", "8", "--quant-delay", "5000", "--eval-episodes", "3",
+           "--out", str(policy)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
     assert proc.returncode == 0, proc.stderr
+    return policy
+
+
+def _bench_and_gate(cli, bundle: Path, report: Path) -> None:
+    proc = cli("bench", "--bundle", bundle, "--episodes", "20", "--latency-samples", "100", "--out", report)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("gate", report, "--max-reward-drop", "2%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_qat8_policy_exports_onnx_int8_with_learned_ranges_and_passes_the_gate(
+    cli, tmp_path: Path, qat8_policy: Path
+) -> None:
+    policy = qat8_policy
     # no --calibration: int8 takes the ranges learned in training
     proc = cli("export", "--policy", policy, "--to", "onnx-fp32,onnx-int8", "--out", tmp_path / "b")
     assert proc.returncode == 0, proc.stderr
@@ -119,8 +141,51 @@ def test_qat8_policy_exports_int8_with_learned_ranges_and_passes_the_gate(cli, t
     layers = qat_layers(load_checkpoint(policy).net)
     lo, hi = float(layers[0][1].act_lo), float(layers[0][1].act_hi)
     assert quant["input"]["scale"] == pytest.approx((hi - min(lo, 0.0)) / 255, rel=1e-5)
-    proc = cli("bench", "--bundle", tmp_path / "b", "--episodes", "20", "--latency-samples", "100",
+    _bench_and_gate(cli, tmp_path / "b", tmp_path / "r.json")
+
+
+def test_qat8_policy_exports_tflite_int8_with_learned_ranges_and_passes_the_gate(
+    cli, tmp_path: Path, qat8_policy: Path
+) -> None:
+    pytest.importorskip("litert_torch")
+    policy = qat8_policy
+    proc = cli("export", "--policy", policy, "--to", "onnx-fp32,tflite-int8", "--out", tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    quant = next(m for m in manifest["models"] if m["name"] == "tflite-int8")["quantization"]
+    assert quant["ranges"].startswith("learned in quantization-aware training")
+    assert quant["calibration_samples"] == 0
+    # the hidden layers run int8 kernels; the output layer (whose output QAT never quantized) is float
+    assert quant["integer_layers"] == ["mlp.0", "mlp.2"] and quant["float_layers"] == ["out"]
+    layers = qat_layers(load_checkpoint(policy).net)
+    for (name, layer), read in zip(layers, quant["layers"], strict=False):
+        if read["layer"] not in quant["integer_layers"]:
+            continue
+        lo, hi = min(float(layer.act_lo), 0.0), max(float(layer.act_hi), 0.0)
+        q = read["input_quantization"]  # as the .tflite file states it
+        scale = (hi - lo) / 255
+        assert q["scale"] == pytest.approx(scale, rel=1e-5), name
+        assert abs(q["zero_point"] - (-128 - round(lo / scale))) <= 1, name
+    _bench_and_gate(cli, tmp_path / "b", tmp_path / "r.json")
+
+
+def test_int4_onnx_export_keeps_weights_on_the_4bit_grid_and_runs_in_onnxruntime(
+    cli, tmp_path: Path, cartpole_policy: Path, cartpole_calib: Path
+) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    proc = cli("export", "--policy", cartpole_policy, "--calibration", cartpole_calib,
+               "--to", "onnx-fp32,onnx-int4", "--out", tmp_path / "b")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    entry = next(m for m in manifest["models"] if m["name"] == "onnx-int4")
+    assert entry["precision"] == "int4" and entry["quantization"]["int4_weight_tensors"] == 3
+    model = onnx.load(str(tmp_path / "b" / entry["file"]))
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.INT4 and len(init.dims) >= 1:
+            w = numpy_helper.to_array(init).astype(np.int64)
+            assert w.min() >= -8 and w.max() <= 7
+    proc = cli("bench", "--bundle", tmp_path / "b", "--episodes", "5", "--latency-samples", "50",
                "--out", tmp_path / "r.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    proc = cli("gate", tmp_path / "r.json", "--max-reward-drop", "2%")
-    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,7 @@
-"""ActorQ actors: Ray actors that collect epsilon-greedy experience with a quantized copy of the policy.
+"""ActorQ actors: Ray actors that collect experience with a quantized copy of the policy.
+
+`Actor` is DQN's (epsilon-greedy over the Q-network); `ContinuousActor` is D4PG's (a deterministic
+actor network plus Gaussian exploration noise, emitting n-step transitions).
 
 Each `collect` call runs `steps` environment steps and returns the transitions as numpy arrays (the
 learner inserts them into its replay buffer), the finished episodes, and where the actor's time went.
@@ -9,6 +12,7 @@ it); the actor only fetches it once ``update_period`` of its steps have passed s
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -142,3 +146,87 @@ class Actor:
         if self._last_model is not None:
             info["evidence"] = int8_evidence(self._last_model)
         return info
+
+    def benchmark(self, boxes: dict[str, list[Any]], calls: int = 200) -> dict[str, Any]:
+        """Inference throughput of each broadcast payload in this actor's process (one thread, batch 1)."""
+        import ray
+
+        from quarl_edge.actorq.throughput import inference_throughput
+
+        models = {p: ray.get(b[0]).model for p, b in boxes.items()}
+        n_obs = int(np.prod(self.env.observation_space.shape or (1,)))
+        obs = self.rng.standard_normal((64, n_obs)).astype(np.float32)
+        return {"actor": self.actor_id, **inference_throughput(models, obs, calls)}
+
+
+class ContinuousActor(Actor):
+    """D4PG's collector: action = clip(policy(obs) + N(0, (noise * half range)^2)), n-step transitions.
+
+    A transition is (obs_t, a_t, sum_k gamma^k r_t+k, obs_t+n, gamma^n or 0 if the episode terminated);
+    at an episode's end the shorter tails are flushed, so every step appears as a start exactly once.
+    """
+
+    def __init__(self, env_id: str, seed: int, actor_id: int, n_step: int, gamma: float) -> None:
+        super().__init__(env_id, seed, actor_id)
+        self.n_step, self.gamma = n_step, gamma
+        space = self.env.action_space
+        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)  # type: ignore[attr-defined]
+        self.window: deque[tuple[np.ndarray, np.ndarray, float]] = deque()
+
+    def _emit(self, out: list[tuple], next_obs: np.ndarray, terminated: bool) -> None:
+        obs, action, _ = self.window[0]
+        ret = sum(self.gamma**k * r for k, (_, _, r) in enumerate(self.window))
+        discount = 0.0 if terminated else self.gamma ** len(self.window)
+        out.append((obs, action, ret, next_obs, discount))
+        self.window.popleft()
+
+    def collect(
+        self, steps: int, noise: float, version: int, box: list[Any], update_period: int
+    ) -> dict[str, Any]:
+        t = self.timer
+        t.lap("idle")
+        if self.session is None or (self.since_pull >= update_period and version > self.version):
+            self._pull(box)
+        out: list[tuple] = []
+        episodes: list[tuple[float, int]] = []
+        half = (self.high - self.low) / 2
+        for _ in range(steps):
+            obs = np.asarray(self.obs, np.float32).reshape(1, -1)
+            action = self.session.run(None, {"obs": obs})[0][0]
+            t.lap("inference")
+            action = np.clip(action + self.rng.normal(0.0, noise, action.shape) * half, self.low, self.high)
+            action = action.astype(np.float32)
+            next_obs, reward, terminated, truncated, _ = self.env.step(action)
+            t.lap("env_step")
+            self.window.append((obs[0], action, float(reward)))
+            next_obs = np.asarray(next_obs, np.float32)
+            if len(self.window) == self.n_step:
+                self._emit(out, next_obs, bool(terminated))
+            self.episode_return += float(reward)
+            self.episode_len += 1
+            self.since_pull += 1
+            self.steps += 1
+            if terminated or truncated:
+                while self.window:
+                    self._emit(out, next_obs, bool(terminated))
+                episodes.append((self.episode_return, self.episode_len))
+                self.episode_return, self.episode_len = 0.0, 0
+                next_obs, _ = self.env.reset()
+            self.obs = next_obs
+            t.lap("record")
+            if self.since_pull >= update_period and version > self.version:
+                self._pull(box)
+        n_obs, n_act = int(np.prod(self.env.observation_space.shape or (1,))), len(self.low)
+        cols: list[Any] = list(zip(*out, strict=True)) if out else [[]] * 5
+        return {
+            "actor_id": self.actor_id,
+            "env_steps": steps,
+            "obs": np.asarray(cols[0], np.float32).reshape(-1, n_obs),
+            "actions": np.asarray(cols[1], np.float32).reshape(-1, n_act),
+            "rewards": np.asarray(cols[2], np.float32),
+            "next_obs": np.asarray(cols[3], np.float32).reshape(-1, n_obs),
+            "discounts": np.asarray(cols[4], np.float32),
+            "episodes": episodes,
+            "version": self.version,
+            "breakdown": t.report(),
+        }

@@ -1,6 +1,7 @@
 """Weight broadcast for ActorQ: the learner quantizes once, every actor loads the same payload.
 
-The payload is a self-contained ONNX model (bytes) of the Q-network MLP at the actors' precision,
+The payload is a self-contained ONNX model (bytes) of the policy MLP at the actors' precision (DQN's
+Q-network, or D4PG's deterministic actor with its tanh squash scaled to the action bounds),
 built straight from the learner's fp32 weights (no torch export: a few ms), so actors need only numpy
 and onnxruntime. int8 is ONNX Runtime static quantization, QDQ, int8 weights and activations (S8S8,
 per-tensor), calibrated on observations sampled from the learner's replay buffer.
@@ -27,6 +28,8 @@ import numpy as np
 
 PRECISIONS = ("fp32", "fp16", "int8")
 INPUT_NAME, OUTPUT_NAME = "obs", "q"
+Squash = tuple[np.ndarray, np.ndarray]
+"""(scale, bias) of a continuous actor: action = tanh(mlp(obs)) * scale + bias, per action dimension"""
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,11 @@ def mlp_layers(state_dict: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]
     ]
 
 
-def mlp_onnx(layers: list[tuple[np.ndarray, np.ndarray]], fp16: bool = False) -> Any:
-    """MatMul + Add (+ Relu between layers) graph; fp16 keeps float32 input and output."""
+def mlp_onnx(
+    layers: list[tuple[np.ndarray, np.ndarray]], fp16: bool = False, squash: Squash | None = None
+) -> Any:
+    """MatMul + Add (+ Relu between layers) graph, then Tanh * scale + bias with ``squash``; fp16 keeps
+    float32 input and output."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -79,6 +85,17 @@ def mlp_onnx(layers: list[tuple[np.ndarray, np.ndarray]], fp16: bool = False) ->
         if i < len(layers) - 1:
             nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
             x = f"r{i}"
+    if squash is not None:
+        inits += [
+            numpy_helper.from_array(np.asarray(squash[0]).astype(dtype).reshape(-1), "act_scale"),
+            numpy_helper.from_array(np.asarray(squash[1]).astype(dtype).reshape(-1), "act_bias"),
+        ]
+        nodes += [
+            helper.make_node("Tanh", [x], ["tanh"]),
+            helper.make_node("Mul", ["tanh", "act_scale"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "act_bias"], ["unscaled"]),
+        ]
+        x = "unscaled"
     if fp16:
         nodes.append(helper.make_node("Cast", [x], [OUTPUT_NAME], to=TensorProto.FLOAT))
     else:
@@ -86,7 +103,7 @@ def mlp_onnx(layers: list[tuple[np.ndarray, np.ndarray]], fp16: bool = False) ->
     n_in, n_out = layers[0][0].shape[1], layers[-1][0].shape[0]
     graph = helper.make_graph(
         nodes,
-        "qnet",
+        "qnet" if squash is None else "actor",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", n_in])],
         [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", n_out])],
         inits,
@@ -106,11 +123,16 @@ class _Calibration:
 
 
 def quantize_broadcast(
-    state_dict: dict[str, Any], precision: str, calib_obs: np.ndarray | None, version: int
+    state_dict: dict[str, Any],
+    precision: str,
+    calib_obs: np.ndarray | None,
+    version: int,
+    squash: Squash | None = None,
 ) -> Payload:
-    """The learner's fp32 weights as one payload at ``precision`` (int8 needs calibration observations)."""
+    """The learner's fp32 weights as one payload at ``precision`` (int8 needs calibration observations);
+    ``squash`` makes it a continuous actor (tanh scaled to the action bounds)."""
     layers = mlp_layers(state_dict)
-    model = mlp_onnx(layers, fp16=precision == "fp16")
+    model = mlp_onnx(layers, fp16=precision == "fp16", squash=squash)
     if precision != "int8":
         return Payload(version, precision, model.SerializeToString())
     import logging

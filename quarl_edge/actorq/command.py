@@ -1,4 +1,4 @@
-"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn (registered in quarl_edge/cli.py)."""
+"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn / .d4pg (registered in quarl_edge/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,29 @@ from typing import Annotated
 import typer
 
 from quarl_edge.output import handle_errors, info, print_json
+from quarl_edge.runtimes.errors import InputError
+
+
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """'2048,2048,2048' -> (2048, 2048, 2048); a domain error for anything else."""
+    try:
+        sizes = tuple(int(h) for h in text.split(","))
+    except ValueError:
+        raise InputError(
+            f"--hidden {text!r} is not a comma-separated list of integers", "e.g. --hidden 2048,2048,2048"
+        ) from None
+    if min(sizes) < 1:
+        raise InputError(f"--hidden sizes must be positive (got {text})", "e.g. --hidden 256,256")
+    return sizes
 
 
 @handle_errors
 def actorq(
-    env: Annotated[str, typer.Option("--env", help="discrete-action gymnasium id, e.g. CartPole-v1")],
+    env: Annotated[str, typer.Option("--env", help="gymnasium id: CartPole-v1 (dqn), Pendulum-v1 (d4pg)")],
     out: Annotated[
         Path, typer.Option("--out", help="folder for log.json, breakdown.png, curve.png, checkpoint/")
     ],
-    algo: Annotated[str, typer.Option("--algo", help="dqn (d4pg: not implemented yet)")] = "dqn",
+    algo: Annotated[str, typer.Option("--algo", help="dqn (discrete) or d4pg (continuous)")] = "dqn",
     actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
     actor_precision: Annotated[
         str, typer.Option("--actor-precision", help="fp32, fp16 or int8 (ONNX Runtime QDQ)")
@@ -27,20 +41,30 @@ def actorq(
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster (default: local Ray)")] = None,
     steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    hidden: Annotated[
+        str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")
+    ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the log as JSON on stdout")] = False,
 ) -> None:
     """ActorQ: fp32 learner, Ray actors at fp32/fp16/int8, runtime breakdown and learning curve."""
-    from quarl_edge.actorq.dqn import Args, train
+    from quarl_edge.actorq import d4pg, dqn
 
-    args = Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision,
-                update_period=update_period, address=address, steps=steps, seed=seed, resume=resume)  # fmt: skip
+    learner = d4pg if algo == "d4pg" else dqn
+    sizes = {"hidden": parse_hidden(hidden)} if hidden else {}
+    args = learner.Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision,
+                        update_period=update_period, address=address, steps=steps, seed=seed, resume=resume,
+                        **sizes)  # fmt: skip
     args.validate()  # before Ray starts
-    log = train(args)
+    log = learner.train(args)  # type: ignore[arg-type]
     if as_json:
         print_json(log)
         return
     returns = [p["return"] for p in log["curve"][-10:]]
     mean = sum(returns) / len(returns) if returns else float("nan")
     info(f"{log['env_steps']} env steps, {log['learner_updates']} updates, last-10 mean return {mean:.1f}")
+    ratios = ", ".join(
+        f"{k} {v:.2f}x" for k, v in log["inference_throughput"].get("ratio_vs_fp32", {}).items()
+    )
+    info(f"per-actor inference throughput {ratios or 'fp32 only'}")
     info(f"payload {log['payload_bytes']}; wrote {out}/log.json, breakdown.png, curve.png")

@@ -26,6 +26,7 @@ from torch import nn
 
 from quarl_edge.actorq.actors import LEARNER_FIELDS, Actor, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, quantize_broadcast
+from quarl_edge.actorq.throughput import actor_throughput
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 ALGOS = ("dqn", "d4pg")
@@ -39,7 +40,7 @@ class Args:
     out: Path = Path("runs/actorq")
     """folder for log.json, breakdown.png, curve.png and checkpoint/"""
     algo: str = "dqn"
-    """learner: dqn (d4pg is not implemented yet)"""
+    """learner: dqn here (d4pg: quarl_edge/actorq/d4pg.py)"""
     actors: int = 2
     """number of Ray actors collecting experience"""
     actor_precision: str = "int8"
@@ -91,8 +92,8 @@ class Args:
         """Raise InputError for unusable values, before Ray or any environment starts."""
         if self.algo not in ALGOS:
             raise InputError(f"unknown --algo {self.algo!r}", f"known: {', '.join(ALGOS)}")
-        if self.algo == "d4pg":
-            raise InputError("--algo d4pg is not implemented yet in ActorQ", "use --algo dqn")
+        if self.algo != "dqn":
+            raise InputError(f"quarl_edge.actorq.dqn runs --algo dqn, not {self.algo!r}", "see actorq.d4pg")
         if self.actors < 1:
             raise InputError(f"--actors must be at least 1 (got {self.actors})", "e.g. --actors 2")
         if self.actor_precision not in PRECISIONS:
@@ -103,7 +104,7 @@ class Args:
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if not self.hidden or min(self.hidden) < 1:
-            raise InputError(f"hidden sizes must be positive (got {self.hidden})", "e.g. 120,84")
+            raise InputError(f"hidden sizes must be positive (got {self.hidden})", "e.g. --hidden 120,84")
         import gymnasium as gym
 
         try:
@@ -324,6 +325,8 @@ def train(args: Args, on_chunk: Callable[[int, list[Any]], None] | None = None) 
         save_checkpoint(ckpt, q_network, optimizer, rb, _state(global_step, updates, version, curve))
         timer.lap("checkpoint")
         learner = timer.report()
+        calib = rb.obs[rng.integers(0, rb.size, args.calibration_size)] if rb.size else None
+        throughput = actor_throughput(actors[0], q_network.state_dict(), args.actor_precision, calib)
         for a in actors:
             ray.kill(a)
     finally:
@@ -339,6 +342,7 @@ def train(args: Args, on_chunk: Callable[[int, list[Any]], None] | None = None) 
         "broadcasts": len(payload_bytes),
         "payload_bytes": {args.actor_precision: payload_bytes[-1], "fp32": fp32_bytes},
         "startup_s": {"ray_init": ray_init_s},
+        "inference_throughput": throughput,
         "breakdown": {"learner": learner, **{f"actor{k}": v for k, v in sorted(actor_reports.items())}},
         "curve": curve,
         "events": events,

@@ -46,6 +46,34 @@ def plot_curve(log: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
+def plot_study_breakdown(runs: list[dict[str, Any]], path: Path) -> None:
+    """The paper's figure: actor seconds per 1000 env steps, stacked by field, per precision, grouped by
+    update period (the mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys((r["update_period"], r["precision"]) for r in runs))
+    fields = sorted({f for r in runs for f in r["actor_s_per_1k_steps"]})
+    mean: dict[tuple[int, str], dict[str, float]] = {}
+    for k in keys:
+        rs = [r["actor_s_per_1k_steps"] for r in runs if (r["update_period"], r["precision"]) == k]
+        mean[k] = {f: sum(r.get(f, 0.0) for r in rs) / len(rs) for f in fields}
+    labels = [f"{p}\nu={u}" for u, p in keys]
+    fig, ax = plt.subplots(figsize=(1.1 * len(keys) + 4, 4))
+    bottom = [0.0] * len(keys)
+    for f in fields:
+        vals = [mean[k][f] for k in keys]
+        ax.bar(labels, vals, bottom=bottom, label=f)
+        bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
+    ax.set_title(f"ActorQ {runs[0]['env']} {runs[0]['algo']}: actor time by precision and update period")
+    ax.set_ylabel("actor seconds per 1000 env steps")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def _save(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,309 @@
+"""`quarl-edge study qat`: reward vs bits, post-training quantization (PTQ) vs quantization-aware
+training (QAT), per task, on the same paired seeds; Markdown, CSV, JSON and a PNG plot.
+
+PTQ is the weight-only n-bit sweep of the fp32 zoo policy (as in ``study ptq``). QAT trains the same
+algorithm with the same hyperparameters and seed from scratch with ``--qat-bits n`` and evaluates the
+checkpoint on its n-bit grid in torch. Trainings and evaluations are Ray tasks (local Ray by default).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.study.ptq import Row, evaluate_task
+
+KEEP_FRACTION = 0.9  # the paper's claim: QAT keeps >= 90% of fp32 where PTQ does not
+
+
+@dataclass(frozen=True)
+class QATTask:
+    name: str
+    """zoo policy name: its fp32 checkpoint is the PTQ source and the reference"""
+    env: str
+    algo: str
+    steps: int | None = None
+    """QAT training steps; None: the zoo policy's own"""
+
+
+QUICK = (QATTask("cartpole-ppo", "CartPole-v1", "ppo", steps=2048),)
+PAPER = (
+    QATTask("cartpole-ppo", "CartPole-v1", "ppo"),
+    QATTask("lunarlander-dqn", "LunarLander-v3", "dqn"),
+    QATTask("pendulum-sac", "Pendulum-v1", "sac"),
+    QATTask("halfcheetah-sac", "HalfCheetah-v5", "sac"),
+    QATTask("pong-dqn", "ALE/Pong-v5", "dqn"),
+)
+
+
+@dataclass(frozen=True)
+class QATStudyConfig:
+    suite: str = "quick"
+    episodes: int | None = None
+    """paired episodes per variant (default: 3 for quick, 20 for paper)"""
+    bits: tuple[int, ...] | None = None
+    """bit widths (default: 2 and 8 for quick, 2..8 for paper)"""
+    steps: int | None = None
+    """override every task's QAT training steps"""
+    delay_fraction: float = 0.25
+    """quantization delay as a fraction of the training steps"""
+    seed: int = 2000
+    address: str | None = None
+    """Ray cluster address; None starts a local Ray"""
+    num_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.suite not in ("quick", "paper"):
+            raise InputError(f"unknown suite {self.suite!r}", "choose quick or paper")
+        if self.episodes is not None and self.episodes < 2:
+            raise InputError("--episodes must be at least 2", "e.g. --episodes 20")
+        for b in self.bits or ():
+            if not 2 <= b <= 8:
+                raise InputError(f"bit width {b} out of range", "QAT and PTQ bits are 2..8")
+        if self.steps is not None and self.steps < 64:
+            raise InputError(f"--steps must be at least 64 (got {self.steps})", "e.g. --steps 20000")
+        if not 0.0 <= self.delay_fraction < 1.0:
+            raise InputError("the delay fraction must be in [0, 1)", "e.g. 0.25")
+
+    @property
+    def tasks(self) -> tuple[QATTask, ...]:
+        return QUICK if self.suite == "quick" else PAPER
+
+    @property
+    def n_episodes(self) -> int:
+        return self.episodes or (3 if self.suite == "quick" else 20)
+
+    @property
+    def bit_list(self) -> tuple[int, ...]:
+        return self.bits or ((2, 8) if self.suite == "quick" else (2, 3, 4, 5, 6, 7, 8))
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.n_episodes))
+
+
+def train_task(env: str, algo: str, steps: int, seed: int, bits: int, delay: int, out: str) -> dict[str, Any]:
+    """One QAT training (a Ray task); returns {"path": ...} or {"skipped": reason}."""
+    import torch
+
+    from quarl_edge.qat import QATConfig
+    from quarl_edge.trainer import TrainConfig, train
+
+    torch.set_num_threads(1)
+    try:
+        cfg = TrainConfig(env=env, algo=algo, out=Path(out), steps=steps, seed=seed, eval_episodes=1,
+                          qat=QATConfig(bits=bits, delay=delay))  # fmt: skip
+        train(cfg)
+    except QuarlError as e:
+        return {"skipped": str(e)}
+    except ImportError as e:
+        return {"skipped": f"not installed: {e}"}
+    return {"path": out}
+
+
+def _check(task: QATTask) -> tuple[Any, str | None]:
+    from quarl_edge.envs import env_config
+    from quarl_edge.runtimes.envs import make_env
+    from quarl_edge.zoo import load_zoo
+
+    entry = next((e for e in load_zoo() if e.name == task.name), None)
+    if entry is None or not (entry.path / "policy.json").is_file():
+        return None, f"zoo policy missing: {task.name} (train it, see zoo.json)"
+    try:
+        make_env(env_config(entry.env)).close()
+    except QuarlError as e:
+        return None, f"environment not available: {e}"
+    return entry, None
+
+
+def run_study(cfg: QATStudyConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError(
+            "the study runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
+        ) from None
+    say = progress or (lambda _m: None)
+    seeds = cfg.seeds
+    rows: list[Row] = []
+    started = False
+    with tempfile.TemporaryDirectory(prefix="quarl-study-qat-") as work:
+        if not ray.is_initialized():
+            ray.init(address=cfg.address, num_cpus=None if cfg.address else cfg.num_cpus,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+            started = True
+        try:
+            evaluate = ray.remote(num_cpus=1)(evaluate_task)
+            trainer = ray.remote(num_cpus=1)(train_task)
+            evals: list[tuple[Row, Any]] = []
+            trainings: list[tuple[Row, Any]] = []
+            for task in cfg.tasks:
+                entry, reason = _check(task)
+                if reason:
+                    rows.append(Row(task.name, task.env, task.algo, "all", None, skipped=reason))
+                    say(f"skip {task.name}: {reason}")
+                    continue
+                steps = cfg.steps or task.steps or entry.steps
+                for variant, bits in [("fp32", None), ("random", None)] + [
+                    (f"ptq{b}", b) for b in cfg.bit_list
+                ]:
+                    ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
+                    evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
+                for b in cfg.bit_list:
+                    out = str(Path(work) / f"{task.name}-qat{b}")
+                    ref = trainer.remote(entry.env, entry.algo, steps, entry.seed, b,
+                                         int(steps * cfg.delay_fraction), out)  # fmt: skip
+                    trainings.append((Row(task.name, entry.env, entry.algo, f"qat{b}", b), ref))
+                say(f"{task.name}: {len(cfg.bit_list)} QAT trainings of {steps} steps submitted")
+            for row, ref in trainings:
+                res = ray.get(ref)
+                if "skipped" in res:
+                    row.skipped = res["skipped"]
+                    rows.append(row)
+                else:  # bits=None: the QAT checkpoint already runs on its n-bit grid
+                    evals.append((row, evaluate.remote("torch", res["path"], "qat", None, seeds)))
+                say(f"trained {row.policy} {row.variant}")
+            for row, ref in evals:
+                res = ray.get(ref)
+                row.returns, row.skipped = res.get("returns", []), res.get("skipped")
+                rows.append(row)
+        finally:
+            if started:
+                ray.shutdown()
+    return summarize(rows, cfg)
+
+
+def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
+    by_task: dict[str, dict[str, Row]] = {}
+    for r in rows:
+        by_task.setdefault(r.policy, {})[r.variant] = r
+    results: list[dict[str, Any]] = []
+    findings: list[dict[str, Any]] = []
+    for task, variants in by_task.items():
+        fp32, rand = variants.get("fp32"), variants.get("random")
+        ref = fp32.returns if fp32 and not fp32.skipped else None
+        rnd = rand.returns if rand and not rand.skipped else None
+        summaries = {v: r.summary(ref if v != "fp32" else None, rnd) for v, r in variants.items()}
+        results += summaries.values()
+
+        def norm(v: str, s: dict[str, dict[str, Any]] = summaries) -> float | None:
+            x = s.get(v, {}).get("normalized")
+            return x if x is not None and math.isfinite(x) else None
+
+        per_bits = [{"bits": b, "ptq": norm(f"ptq{b}"), "qat": norm(f"qat{b}")} for b in cfg.bit_list]
+        claim = [
+            p["bits"] for p in per_bits
+            if p["qat"] is not None and p["ptq"] is not None
+            and p["qat"] >= KEEP_FRACTION > p["ptq"]
+        ]  # fmt: skip
+        findings.append({"task": task, "normalized": per_bits, "qat_keeps_where_ptq_breaks_bits": claim})
+    return {
+        "format": "quarl-edge/study-qat",
+        "version": 1,
+        "suite": cfg.suite,
+        "episodes": cfg.n_episodes,
+        "seeds": cfg.seeds,
+        "bits": list(cfg.bit_list),
+        "keep_fraction": KEEP_FRACTION,
+        "results": results,
+        "findings": findings,
+    }
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+COLUMNS = ("task", "bits", "PTQ mean", "PTQ normalized", "QAT mean", "QAT normalized", "fp32 mean", "note")
+
+
+def table_rows(study: dict[str, Any]) -> list[list[str]]:
+    def get(task: str, variant: str) -> dict[str, Any]:
+        return next((s for s in study["results"] if s["policy"] == task and s["variant"] == variant), {})
+
+    def fmt(v: Any, spec: str = ".1f") -> str:
+        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+    rows = []
+    for f in study["findings"]:
+        task = f["task"]
+        skipped = get(task, "all").get("skipped")
+        if skipped:
+            rows.append([task, "-", "-", "-", "-", "-", "-", f"skipped: {skipped}"])
+            continue
+        fp32 = get(task, "fp32").get("mean")
+        for b in study["bits"]:
+            p, q = get(task, f"ptq{b}"), get(task, f"qat{b}")
+            note = "; ".join(
+                f"{k} skipped: {s['skipped']}" for k, s in (("PTQ", p), ("QAT", q)) if s.get("skipped")
+            )
+            if b in f["qat_keeps_where_ptq_breaks_bits"]:
+                note = (note + "; " if note else "") + "QAT keeps >= 90%, PTQ does not"
+            rows.append([task, str(b), fmt(p.get("mean")), fmt(p.get("normalized"), ".3f"), fmt(q.get("mean")),
+                         fmt(q.get("normalized"), ".3f"), fmt(fp32), note])  # fmt: skip
+    return rows
+
+
+def markdown(study: dict[str, Any]) -> str:
+    lines = [
+        f"# QAT vs PTQ ({study['suite']} suite)",
+        "",
+        f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}). "
+        "PTQ: weight-only n-bit of the fp32 zoo policy. QAT: trained from scratch with --qat-bits n "
+        "(same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(study: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from quarl_edge.study.plots import _save
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, f in enumerate(study["findings"]):
+        c = colors[i % len(colors)]
+        for kind, style in (("ptq", "--"), ("qat", "-")):
+            pts = [(p["bits"], p[kind]) for p in f["normalized"] if p[kind] is not None]
+            if pts:
+                ax.plot([b for b, _ in pts], [v for _, v in pts], style, marker="o", color=c,
+                        label=f"{f['task']} {kind.upper()}")  # fmt: skip
+    ax.axhline(1.0, color="black", linewidth=1, label="fp32 reference")
+    ax.axhline(study["keep_fraction"], color="grey", linestyle=":", linewidth=1, label="90% of fp32")
+    ax.set_xlabel("bits")
+    ax.set_ylabel("normalized return  (R - R_random) / (R_fp32 - R_random)")
+    ax.set_title(f"PTQ vs QAT: reward vs bits ({study['suite']} suite, {study['episodes']} paired episodes)")
+    ax.set_xticks(study["bits"])
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
+    from quarl_edge.bench import finite_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "qat.json", finite_json(study))
+    atomic_write_text(out / "qat.md", markdown(study))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["task", "env", "algo", "variant", "bits", "mean", "std", "episodes", "normalized", "skipped"])
+    for s in study["results"]:
+        w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
+                    s.get("episodes"), s.get("normalized"), s.get("skipped") or ""])  # fmt: skip
+    atomic_write_text(out / "qat.csv", buf.getvalue())
+    return [out / "qat.json", out / "qat.md", out / "qat.csv", plot(study, out / "qat_reward_vs_bits.png")]

@@ -1,0 +1,65 @@
+"""`quarl-edge study qat --suite quick` end to end on local Ray: PTQ vs QAT on CartPole PPO, 2 and 8 bits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.study.ptq import Row
+from quarl_edge.study.qat import QATStudyConfig, markdown, summarize
+
+
+def test_quick_suite_trains_qat_and_compares_with_ptq(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="qe-ray-", dir="/tmp"))  # Ray's socket paths are length-limited
+    env = dict(os.environ, RAY_TMPDIR=str(ray_tmp), PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "quarl_edge.cli", "study", "qat", "--suite", "quick", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    study = json.loads((out / "qat.json").read_text())
+    got = {r["variant"]: r for r in study["results"] if r["policy"] == "cartpole-ppo"}
+    for v in ("fp32", "random", "ptq2", "ptq8", "qat2", "qat8"):
+        assert not got[v].get("skipped") and len(got[v]["returns"]) == 3, v
+    assert study["bits"] == [2, 8] and study["findings"][0]["task"] == "cartpole-ppo"
+    assert got["ptq8"]["normalized"] > 0.9  # 8-bit weights keep the fp32 zoo policy's reward
+    assert "| task | bits |" in (out / "qat.md").read_text()
+    assert len(list(csv.DictReader((out / "qat.csv").open()))) == len(study["results"])
+    assert (out / "qat_reward_vs_bits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    left = subprocess.run(["pgrep", "-f", str(ray_tmp)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_missing_task_is_a_skipped_row_and_the_table_says_why() -> None:
+    rows = [Row("pong-dqn", "ALE/Pong-v5", "dqn", "all", None, skipped="zoo policy missing: pong-dqn")]
+    study = summarize(rows, QATStudyConfig(suite="paper"))
+    assert "skipped: zoo policy missing" in markdown(study)
+
+
+def test_paper_suite_lists_the_paper_tasks_and_bits() -> None:
+    cfg = QATStudyConfig(suite="paper")
+    assert {t.name for t in cfg.tasks} >= {
+        "cartpole-ppo",
+        "lunarlander-dqn",
+        "pendulum-sac",
+        "halfcheetah-sac",
+    }
+    assert cfg.bit_list == (2, 3, 4, 5, 6, 7, 8)
+
+
+def test_bad_study_options_are_user_errors() -> None:
+    with pytest.raises(InputError):
+        QATStudyConfig(suite="huge")
+    with pytest.raises(InputError):
+        QATStudyConfig(bits=(1, 8))
+    with pytest.raises(InputError):
+        QATStudyConfig(steps=10)
