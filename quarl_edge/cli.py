@@ -380,6 +380,24 @@ def demo(
     raise typer.Exit(code)
 
 
+def _parse_bits(bits: str | None) -> tuple[int, ...] | None:
+    from quarl_edge.runtimes.errors import InputError
+
+    try:
+        return tuple(int(b) for b in bits.split(",")) if bits else None
+    except ValueError:
+        raise InputError(f"--bits {bits!r} is not a list of integers", "e.g. --bits 2,4,8") from None
+
+
+def _show_study(study, files, as_json, title, columns, table_rows) -> None:  # type: ignore[no-untyped-def]
+    """The studies' common output: JSON alone on stdout, or the table and the files written."""
+    if as_json:
+        print_json(study)
+        return
+    table(f"{title}, {study['episodes']} paired episodes", columns, table_rows(study))
+    info("wrote " + ", ".join(str(f) for f in files))
+
+
 study_app = typer.Typer(help="The paper's experiments: tables and plots.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
 
@@ -400,23 +418,14 @@ def study_ptq(
     as_json: JsonOpt = False,
 ) -> None:
     """PTQ of every zoo policy: fp32, fp16, int8 ONNX/TFLite and weight-only 2..8 bits, same seeds."""
-    from quarl_edge.runtimes.errors import InputError
     from quarl_edge.study.ptq import COLUMNS as STUDY_COLUMNS
     from quarl_edge.study.ptq import StudyConfig, run_study, table_rows, write_outputs
 
-    try:
-        bit_list = tuple(int(b) for b in bits.split(",")) if bits else None
-    except ValueError:
-        raise InputError(f"--bits {bits!r} is not a list of integers", "e.g. --bits 2,4,8") from None
+    bit_list = _parse_bits(bits)
     cfg = StudyConfig(suite=suite, episodes=episodes, bits=bit_list, address=address, out=out,
                       policies=tuple(policies.split(",")) if policies else None)  # fmt: skip
     study = run_study(cfg, progress=info)
-    files = write_outputs(study, out)
-    if as_json:
-        print_json(study)
-        return
-    table(f"PTQ study ({suite}), {study['episodes']} paired episodes", STUDY_COLUMNS, table_rows(study))
-    info("wrote " + ", ".join(str(f) for f in files))
+    _show_study(study, write_outputs(study, out), as_json, f"PTQ study ({suite})", STUDY_COLUMNS, table_rows)
 
 
 @study_app.command("qat")
@@ -437,22 +446,13 @@ def study_qat(
     as_json: JsonOpt = False,
 ) -> None:
     """PTQ vs QAT per task and bit width: reward vs bits on the same seeds, table and plot."""
-    from quarl_edge.runtimes.errors import InputError
     from quarl_edge.study.qat import COLUMNS as QAT_COLUMNS
     from quarl_edge.study.qat import QATStudyConfig, run_study, table_rows, write_outputs
 
-    try:
-        bit_list = tuple(int(b) for b in bits.split(",")) if bits else None
-    except ValueError:
-        raise InputError(f"--bits {bits!r} is not a list of integers", "e.g. --bits 2,4,8") from None
+    bit_list = _parse_bits(bits)
     cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address)
     study = run_study(cfg, progress=info)
-    files = write_outputs(study, out)
-    if as_json:
-        print_json(study)
-        return
-    table(f"QAT vs PTQ ({suite}), {study['episodes']} paired episodes", QAT_COLUMNS, table_rows(study))
-    info("wrote " + ", ".join(str(f) for f in files))
+    _show_study(study, write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", QAT_COLUMNS, table_rows)
 
 
 @study_app.command("actorq")
