@@ -64,7 +64,7 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
             else:
                 ok = drop <= cfg.max_reward_drop_pct
                 checks.append(Check(name, "reward_drop", ok, drop, cfg.max_reward_drop_pct,
-                                    f"{name}: reward drop {drop:+.2f}% "
+                                    f"{name}: reward drop {drop + 0.0:+.2f}% "
                                     f"{'<=' if ok else '>'} {cfg.max_reward_drop_pct:g}%"
                                     + ("" if ok else f" (over by {drop - cfg.max_reward_drop_pct:.2f} points)")))  # fmt: skip
         if cfg.min_agreement is not None and not is_ref:
