@@ -162,6 +162,23 @@ def _qdq_params(path: Path) -> dict[str, Any]:
     }
 
 
+def _quantize_qdq(pre: Path, path: Path, reader: Any, **kwargs: Any) -> None:
+    """ORT static quantization to QDQ with int8 activations; the other settings come from the caller."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer logs advice to the root logger
+    # the histogram calibrators print progress to stdout, which must stay clean for --json
+    with contextlib.redirect_stdout(sys.stderr):
+        quantize_static(
+            str(pre),
+            str(path),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            **kwargs,
+        )
+
+
 def _float_io_nodes(path: Path, float_first_layer: bool = False) -> list[str]:
     """Names of the nodes kept in float: the output layer (last MatMul/Gemm) and everything after it
     (tanh/unscale, clip, argmax), and with ``float_first_layer`` the first layer.
@@ -204,7 +221,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     ORT API requires runs on a few zero observations whose ranges are all overridden.
     """
     import onnx
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from quarl_edge.qat import deployable
@@ -239,23 +256,19 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     obs_space = ctx.policy.spec.observation_space
     dummy = np.zeros((4, *obs_space.shape), dtype=np.dtype(obs_space.dtype))
     per_channel = ctx.policy.arch.model == "nature_cnn"
-    logging.getLogger().setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(sys.stderr):
-        quantize_static(
-            str(pre),
-            str(path),
-            _Reader(dummy, dummy.dtype),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=per_channel,
-            op_types_to_quantize=list(layer_ops),
-            nodes_to_exclude=after_last,
-            extra_options={
-                "TensorQuantOverrides": overrides,
-                "OpTypesToExcludeOutputQuantization": list(layer_ops),
-            },
-        )
+    _quantize_qdq(
+        pre,
+        path,
+        _Reader(dummy, dummy.dtype),
+        weight_type=QuantType.QInt8,
+        per_channel=per_channel,
+        op_types_to_quantize=list(layer_ops),
+        nodes_to_exclude=after_last,
+        extra_options={
+            "TensorQuantOverrides": overrides,
+            "OpTypesToExcludeOutputQuantization": list(layer_ops),
+        },
+    )
     quant = {
         "scheme": "static QDQ, int8 activations and weights (S8S8)",
         "ranges": "learned in quantization-aware training (no calibration)",
@@ -279,7 +292,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
 
 @register("onnx-int8", calibrated=True)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     qat = ctx.policy.arch.qat
@@ -313,21 +326,16 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     if cfg.calibration_method == "percentile":
         extra["CalibPercentile"] = cfg.percentile
     dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
-    logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer logs advice to the root logger
-    # the histogram calibrators print progress to stdout, which must stay clean for --json
-    with contextlib.redirect_stdout(sys.stderr):
-        quantize_static(
-            str(pre),
-            str(path),
-            _Reader(ctx.calibration, dtype),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=per_channel,
-            calibrate_method=method,
-            extra_options=extra,
-            nodes_to_exclude=head_nodes,
-        )
+    _quantize_qdq(
+        pre,
+        path,
+        _Reader(ctx.calibration, dtype),
+        weight_type=QuantType.QInt8,
+        per_channel=per_channel,
+        calibrate_method=method,
+        extra_options=extra,
+        nodes_to_exclude=head_nodes,
+    )
     params = _qdq_params(path)
     quant = {
         "scheme": "static QDQ, int8 activations and weights (S8S8)",
@@ -352,7 +360,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     to the int4 rescale); a fp32 policy is post-training quantized to 4 bits. ONNX Runtime (>= 1.20)
     runs INT4 DequantizeLinear on CPU; see the README for what that costs at run time.
     """
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if ctx.policy.arch.qat:
@@ -370,20 +378,16 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     after_last = _float_io_nodes(pre)[1:]  # argmax / tanh / unscale after the output layer stay float
     per_channel = ctx.policy.arch.model == "nature_cnn"
     dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
-    logging.getLogger().setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(sys.stderr):
-        quantize_static(
-            str(pre),
-            str(path),
-            _Reader(ctx.calibration, dtype),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt4,
-            per_channel=per_channel,
-            op_types_to_quantize=["Conv", "Gemm", "MatMul"],
-            nodes_to_exclude=after_last,
-            extra_options={"WeightSymmetric": True},
-        )
+    _quantize_qdq(
+        pre,
+        path,
+        _Reader(ctx.calibration, dtype),
+        weight_type=QuantType.QInt4,
+        per_channel=per_channel,
+        op_types_to_quantize=["Conv", "Gemm", "MatMul"],
+        nodes_to_exclude=after_last,
+        extra_options={"WeightSymmetric": True},
+    )
     params = _qdq_params(path)
     quant = {
         "scheme": "static QDQ, int4 weights (symmetric), int8 activations (minmax calibrated)",
