@@ -398,6 +398,48 @@ def _show_study(study, files, as_json, title, columns, table_rows) -> None:  # t
     info("wrote " + ", ".join(str(f) for f in files))
 
 
+zoo_app = typer.Typer(help="The policy zoo: trained fp32 policies the studies run on.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+
+
+@zoo_app.command("list")
+@handle_errors
+def zoo_list(as_json: JsonOpt = False) -> None:
+    """The zoo's policies: env, algorithm, steps, fp32 return, suites, and whether the files are here."""
+    from quarl_edge.zoo import load_zoo
+
+    entries = load_zoo()
+    if as_json:
+        print_json([{**e.to_dict(), "present": (e.path / "policy.json").is_file()} for e in entries])
+        return
+    rows = [[e.name, e.env, e.algo, e.model, str(e.steps), f"{e.fp32_return_mean:.1f} ± {e.fp32_return_std:.1f}",
+             ",".join(e.suites), "yes" if (e.path / "policy.json").is_file() else "MISSING"] for e in entries]  # fmt: skip
+    table("policy zoo", ("name", "env", "algo", "model", "steps", "fp32 return", "suites", "files"), rows)
+
+
+@zoo_app.command("add")
+@handle_errors
+def zoo_add(
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="finished `quarl-edge train` output folder")],
+    name: Annotated[str, typer.Option("--name", help="zoo name, e.g. halfcheetah-td3")],
+    suite: Annotated[list[str] | None, typer.Option("--suite", help="quick and/or paper")] = None,
+    episodes: Annotated[int, typer.Option("--episodes", help="fp32 evaluation episodes (>= 20)")] = 20,
+    max_samples: Annotated[
+        int | None, typer.Option("--max-samples", help="calibration samples (default 5000; images 1000)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a trained policy, record its calibration rollouts and index it in the zoo."""
+    from quarl_edge.zoo import add
+
+    entry = add(policy, name, tuple(suite or ["paper"]), episodes, max_samples, progress=info)
+    if as_json:
+        print_json(entry.to_dict())
+        return
+    info(f"added {entry.name}: {entry.env} {entry.algo}, fp32 return {entry.fp32_return_mean:.1f} "
+         f"± {entry.fp32_return_std:.1f} over {entry.fp32_episodes} episodes")  # fmt: skip
+
+
 study_app = typer.Typer(help="The paper's experiments: tables and plots.", no_args_is_help=True)
 app.add_typer(study_app, name="study")
 
@@ -451,7 +493,7 @@ def study_qat(
 
     bit_list = _parse_bits(bits)
     cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address)
-    study = run_study(cfg, progress=info)
+    study = run_study(cfg, progress=info, out=out)
     _show_study(study, write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", QAT_COLUMNS, table_rows)
 
 

@@ -63,3 +63,70 @@ def suite(name: str, index: Path = INDEX) -> list[ZooEntry]:
     if name not in ("quick", "paper"):
         raise InputError(f"unknown suite {name!r}", "choose quick or paper")
     return [e for e in entries if name in e.suites]
+
+
+def train_command(env: str, algo: str, steps: int, seed: int, name: str, qat: dict[str, Any] | None) -> str:
+    cmd = f"quarl-edge train --env {env} --algo {algo} --steps {steps} --seed {seed} --eval-episodes 20"
+    if qat:
+        cmd += f" --qat-bits {qat['bits']} --quant-delay {qat['delay']}"
+    return cmd + f" --out {name}"
+
+
+def add(
+    policy_dir: Path,
+    name: str,
+    suites: tuple[str, ...] = ("paper",),
+    episodes: int = 20,
+    max_samples: int | None = None,
+    index: Path = INDEX,
+    calibration_dir: Path = CALIBRATION,
+    progress: Any = None,
+) -> ZooEntry:
+    """Put a finished `quarl-edge train` checkpoint into the zoo: evaluate the fp32 return over
+    ``episodes`` deterministic episodes, record its calibration rollouts, copy the checkpoint into
+    assets/policies/<name>/ and index it in zoo.json (an entry of the same name is replaced)."""
+    import dataclasses
+    import re
+
+    from quarl_edge.policies import load_checkpoint, save_checkpoint
+    from quarl_edge.record import RecordConfig, record
+    from quarl_edge.runtimes.fsutil import atomic_write_json
+    from quarl_edge.runtimes.trace import save_trace
+    from quarl_edge.trainer import evaluate
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        raise InputError(f"zoo name {name!r} is not a plain lowercase name", "e.g. --name halfcheetah-td3")
+    for s in suites:
+        if s not in ("quick", "paper"):
+            raise InputError(f"unknown suite {s!r}", "choose quick and/or paper")
+    if episodes < 20:
+        raise InputError(f"--episodes {episodes} is too few for a zoo entry", "use at least 20")
+    policy = load_checkpoint(policy_dir)
+    policy.spec = dataclasses.replace(policy.spec, name=name)
+    train = policy.spec.train
+    if train.get("partial") or "steps" not in train:
+        raise InputError(
+            f"{str(policy_dir)!r} is not a finished `quarl-edge train` run",
+            "finish it (`quarl-edge train ... --resume`) and add the final checkpoint",
+        )
+    say = progress or (lambda _m: None)
+    say(f"evaluating {name} over {episodes} episodes")
+    mean, std, _ = evaluate(policy, episodes)
+    say(f"{name}: fp32 return {mean:.1f} ± {std:.1f}; recording calibration rollouts")
+    image = len(policy.spec.observation_space.shape) == 3
+    samples = max_samples or (1000 if image else 5000)  # Atari frames: ~1000 keeps the file well under 10 MB
+    trace = record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=samples))
+    entries = [e for e in load_zoo(index) if e.name != name]
+    steps = int(train.get("hyperparams", {}).get("steps") or train["steps"])
+    entry = ZooEntry(
+        name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model, steps=int(train["steps"]),
+        seed=int(train.get("seed", 0)), train_command=train_command(policy.spec.env.id, policy.spec.algo, steps,
+                                                                     int(train.get("seed", 0)), name, train.get("qat")),
+        fp32_return_mean=round(mean, 2), fp32_return_std=round(std, 2), fp32_episodes=episodes, suites=tuple(suites),
+    )  # fmt: skip
+    save_checkpoint(policy, index.parent / name)  # atomic: the folder appears complete or not at all
+    save_trace(trace, calibration_dir / f"{name}.npz")
+    data = json.loads(index.read_text())
+    data["policies"] = [e.to_dict() for e in entries] + [entry.to_dict()]
+    atomic_write_json(index, data)  # last: the entry names files that are already in place
+    return entry

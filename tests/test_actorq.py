@@ -20,7 +20,7 @@ from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
 from quarl_edge.actorq.d4pg import project  # noqa: E402
 from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
-from quarl_edge.actorq.study import run_study, time_to_target, write_outputs  # noqa: E402
+from quarl_edge.actorq.study import run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
 
 
@@ -209,8 +209,19 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     assert {r["precision"] for r in study["rows"]} == {"fp32", "fp16", "int8"}
     assert all(r["final_return_mean"] is not None for r in study["rows"])
     files = write_outputs(study, tmp_path)
-    assert {f.name for f in files} == {"actorq.json", "actorq.md", "breakdown-CartPole-v1-dqn.png"}
-    assert "| CartPole-v1 dqn | int8 |" in (tmp_path / "actorq.md").read_text()
+    assert {f.name for f in files} == {
+        "actorq.json", "actorq.md", "breakdown-CartPole-v1-dqn-120x84.png", "curves-CartPole-v1-dqn-120x84.png"
+    }  # fmt: skip
+    assert "| CartPole-v1 dqn 120x84 | int8 |" in (tmp_path / "actorq.md").read_text()
+    # a second run over the same folder reuses the six finished runs instead of training again
+    again = run_study("quick", tmp_path, progress=lambda _: None)
+    assert [r["final_return"] for r in again["runs"]] == [r["final_return"] for r in study["runs"]]
+
+
+def test_within_spread_compares_final_returns_over_seeds() -> None:
+    assert within_spread([200.0, 300.0, 250.0], [240.0, 260.0, 220.0])  # inside fp32's spread
+    assert not within_spread([500.0, 499.0, 500.0], [100.0, 120.0, 90.0])  # far apart, tight seeds
+    assert within_spread([], [1.0]) is None
 
 
 def test_time_to_target_uses_the_rolling_mean() -> None:

@@ -51,9 +51,13 @@ def test_paper_suite_lists_the_paper_tasks_and_bits() -> None:
         "cartpole-ppo",
         "lunarlander-dqn",
         "pendulum-sac",
-        "halfcheetah-sac",
+        "halfcheetah-td3",
     }
     assert cfg.bit_list == (2, 3, 4, 5, 6, 7, 8)
+    by_name = {t.name: t for t in cfg.tasks}
+    assert cfg.task_bits(by_name["cartpole-ppo"]) == cfg.bit_list
+    assert 4 in cfg.task_bits(by_name["halfcheetah-td3"])  # the claim is about 4 bits
+    assert QATStudyConfig(suite="paper", bits=(3,)).task_bits(by_name["halfcheetah-td3"]) == (3,)
 
 
 def test_bad_study_options_are_user_errors() -> None:

@@ -67,9 +67,46 @@ def plot_study_breakdown(runs: list[dict[str, Any]], path: Path) -> None:
         vals = [mean[k][f] for k in keys]
         ax.bar(labels, vals, bottom=bottom, label=f)
         bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
-    ax.set_title(f"ActorQ {runs[0]['env']} {runs[0]['algo']}: actor time by precision and update period")
+    ax.set_title(f"ActorQ {runs[0].get('task', runs[0]['env'])}: actor time by precision and update period")
     ax.set_ylabel("actor seconds per 1000 env steps")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_study_curves(runs: list[dict[str, Any]], path: Path) -> None:
+    """Learning curves per precision: the rolling mean of the last 10 episodes, mean over seeds with a
+    min-max band, against environment steps (left) and wall time (right); the target return dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for precision in dict.fromkeys(r["precision"] for r in runs):
+        rs = [r for r in runs if r["precision"] == precision and r["curve"]]
+        if not rs:
+            continue
+        for ax, col in zip(axes, (0, 1), strict=True):
+            end = min(max(p[col] for p in r["curve"]) for r in rs)
+            grid = np.linspace(0, end, 200)
+            ys = []
+            for r in rs:
+                c = np.asarray(r["curve"], dtype=float)
+                rolling = np.convolve(c[:, 2], np.ones(10), "full")[: len(c)] / np.minimum(
+                    np.arange(1, len(c) + 1), 10
+                )
+                ys.append(np.interp(grid, c[:, col], rolling))
+            y = np.asarray(ys)
+            line = ax.plot(grid, y.mean(0), label=f"{precision} actors ({len(rs)} seeds)")[0]
+            ax.fill_between(grid, y.min(0), y.max(0), color=line.get_color(), alpha=0.2)
+    for ax, xlabel in zip(axes, ("environment steps", "wall time (s)"), strict=True):
+        ax.axhline(runs[0]["target"], color="gray", ls="--", lw=1, label="target")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("return (mean of last 10 episodes)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"ActorQ {runs[0].get('task', runs[0]['env'])}: learning curves by actor precision")
     fig.tight_layout()
     _save(fig, path)
 

@@ -1,14 +1,18 @@
 """`quarl-edge study actorq`: fp32 vs fp16 vs int8 actors on the same seeds, side by side.
 
 Every (task, seed, precision, update period) is one ActorQ run on one Ray (started once for the study),
-in its own folder under ``out/runs/``. Per task and precision the report gives the final return (mean
-of the last 10 episodes, mean and std over seeds), the wall time to the target return (first time the
-mean of the last 10 episodes reaches it; seeds that never do are counted, not averaged), the speedup of
-that time over fp32 actors, and the per-actor inference throughput ratio over fp32. The breakdown figure
-stacks each precision's mean actor time per 1000 environment steps at both update periods.
+in its own folder under ``out/runs/``; a run whose ``log.json`` is already there with the same arguments
+is reused, so an interrupted study continues where it stopped. Per task and precision the report gives
+the final return (mean of the last 10 episodes; mean and std over seeds) and whether it lies within the
+seed-to-seed spread of fp32's, the wall time to the target return (first time the mean of the last 10
+episodes reaches it; seeds that never do are counted, not averaged), the speedup of that time over fp32
+actors, and the per-actor inference throughput ratio over fp32. Figures: per task the learning curves
+(one line per precision, mean over seeds, min-max band) and the paper's breakdown bars.
 
-    quarl-edge study actorq --suite quick    # CartPole DQN, 1 seed, tiny budget (a test runs it)
-    quarl-edge study actorq --suite paper    # 3 seeds, CartPole DQN + Pendulum D4PG, 2048x3 MLPs: hours
+    quarl-edge study actorq --suite quick        # CartPole DQN, 1 seed, tiny budget (a test runs it)
+    quarl-edge study actorq --suite convergence  # 3 seeds: CartPole DQN, Pendulum D4PG (~20 min on 2 cores)
+    quarl-edge study actorq --suite speed        # 3 seeds, CartPole DQN with 2048x3 MLPs (~1 h on 2 cores)
+    quarl-edge study actorq --suite paper        # both
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from typing import Any
 
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
-STUDY_VERSION = 1
+STUDY_VERSION = 2
 WINDOW = 10
-COLUMNS = ("task", "precision", "update period", "final return", "time to target (s)", "reached",
+COLUMNS = ("task", "precision", "update period", "final return", "vs fp32", "time to target (s)", "reached",
            "speedup vs fp32", "inference vs fp32")  # fmt: skip
 
 
@@ -37,31 +41,57 @@ class Task:
     steps: int
     target: float
     hidden: tuple[int, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
+    update_periods: tuple[int, ...] = (100,)
     learning_starts: int = 1_000
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """learner Args fields set for this task, e.g. (("learning_rate", 1e-4),)"""
+    name: str = ""
+    """distinguishes two tasks on the same env, algorithm and widths"""
+
+    @property
+    def label(self) -> str:
+        return " ".join(x for x in (self.env, self.algo, "x".join(map(str, self.hidden)), self.name) if x)
 
 
 @dataclass(frozen=True)
 class Suite:
     tasks: tuple[Task, ...]
-    seeds: tuple[int, ...]
-    precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
-    update_periods: tuple[int, int] = (50, 500)
     actors: int = 2
 
 
 WIDE = (2048, 2048, 2048)
+CONVERGENCE = (
+    Task("CartPole-v1", "dqn", 50_000, 195.0, (120, 84)),
+    Task("Pendulum-v1", "d4pg", 30_000, -250.0, (256, 256)),
+)
+SPEED = (
+    # the paper's figure: where actor time goes at two update periods (short runs, one seed)
+    Task("CartPole-v1", "dqn", 5_000, 150.0, WIDE, seeds=(0,), update_periods=(50, 500), name="breakdown",
+         overrides=(("learning_rate", 1e-4), ("batch_size", 64))),
+    Task("CartPole-v1", "dqn", 40_000, 150.0, WIDE, precisions=("fp32", "int8"),
+         overrides=(("learning_rate", 1e-4), ("batch_size", 64))),
+)  # fmt: skip
 SUITES = {
     # a smoke run: 2,000 steps do not train CartPole, and 50 is above what random play reaches by luck
     "quick": Suite(
-        tasks=(Task("CartPole-v1", "dqn", 2_000, 50.0, (120, 84), learning_starts=500),), seeds=(0,)
-    ),
-    "paper": Suite(
         tasks=(
-            Task("CartPole-v1", "dqn", 100_000, 195.0, WIDE),
-            Task("Pendulum-v1", "d4pg", 30_000, -250.0, WIDE),
-        ),
-        seeds=(0, 1, 2),
+            Task(
+                "CartPole-v1",
+                "dqn",
+                2_000,
+                50.0,
+                (120, 84),
+                seeds=(0,),
+                update_periods=(50, 500),
+                learning_starts=500,
+            ),
+        )  # fmt: skip
     ),
+    "convergence": Suite(tasks=CONVERGENCE),
+    "speed": Suite(tasks=SPEED),
+    "paper": Suite(tasks=CONVERGENCE + SPEED),
 }
 
 
@@ -92,26 +122,32 @@ def run_study(
     from quarl_edge.actorq import d4pg, dqn
 
     runs: list[dict[str, Any]] = []
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, num_cpus=None if address else suite.actors,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+    started = False
     try:
         for task in suite.tasks:
             learner = d4pg if task.algo == "d4pg" else dqn
-            for seed in suite.seeds:
-                for period in suite.update_periods:
-                    for precision in suite.precisions:
-                        name = f"{task.env}-{task.algo}-{precision}-u{period}-s{seed}"
+            for seed in task.seeds:
+                for period in task.update_periods:
+                    for precision in task.precisions:
+                        name = f"{_slug(task.label)}-{precision}-u{period}-s{seed}"
                         args = learner.Args(env=task.env, out=out / "runs" / name, actors=suite.actors,
                                             actor_precision=precision, update_period=period, steps=task.steps,
-                                            seed=seed, hidden=task.hidden, learning_starts=task.learning_starts)  # fmt: skip
+                                            seed=seed, hidden=task.hidden, learning_starts=task.learning_starts,
+                                            **dict(task.overrides))  # fmt: skip
+                        log, reused = _reusable(args), True
                         t = time.perf_counter()
-                        log = learner.train(args)  # type: ignore[arg-type]
-                        runs.append(_summary(log, task, seed, period, precision, time.perf_counter() - t))
-                        progress(
-                            f"{name}: final return {runs[-1]['final_return']}, {runs[-1]['run_s']:.1f} s"
-                        )
+                        if log is None:
+                            if not started and not ray.is_initialized():
+                                ray.init(address=address, num_cpus=None if address else suite.actors,
+                                         include_dashboard=False, log_to_driver=False,
+                                         configure_logging=False)  # fmt: skip
+                                started = True
+                            log, reused = learner.train(args), False  # type: ignore[arg-type]
+                        run_s = log["breakdown"]["learner"]["wall_s"] if reused else time.perf_counter() - t
+                        runs.append(_summary(log, task, seed, period, precision, run_s))
+                        final = runs[-1]["final_return"]
+                        progress(f"{name}: final return {'—' if final is None else f'{final:.1f}'}, "
+                                 f"{runs[-1]['run_s']:.1f} s{' (reused)' if reused else ''}")  # fmt: skip
     finally:
         if started:
             ray.shutdown()
@@ -119,12 +155,29 @@ def run_study(
             "rows": _rows(runs, suite)}  # fmt: skip
 
 
+def _reusable(args: Any) -> dict[str, Any] | None:
+    """The finished run's log when ``args.out/log.json`` was written with these arguments, else None."""
+    path = args.out / "log.json"
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    want = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
+    saved = log.get("args", {})
+    same = all(
+        json.dumps(saved.get(k)) == json.dumps(v) for k, v in want.items() if k not in ("resume", "extra")
+    )
+    return log if same and log.get("env_steps", 0) >= args.steps else None
+
+
 def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision: str, run_s: float) -> dict:
     actors = [v for k, v in log["breakdown"].items() if k.startswith("actor") and "seconds" in v]
     per_k = 1000 * len(actors) / max(log["env_steps"], 1)
     fields = sorted({f for a in actors for f in a["seconds"]})
+    learner = log["breakdown"]["learner"]
     return {
-        "env": task.env, "algo": task.algo, "seed": seed, "update_period": period, "precision": precision,
+        "task": task.label, "env": task.env, "algo": task.algo, "hidden": list(task.hidden), "seed": seed,
+        "update_period": period, "precision": precision,
         "final_return": final_return(log["curve"]),
         "time_to_target_s": time_to_target(log["curve"], task.target),
         "target": task.target,
@@ -134,31 +187,48 @@ def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision:
         "inference_throughput": log["inference_throughput"],
         # actor seconds per 1000 env steps of the whole run (each actor ran about 1/len(actors) of them)
         "actor_s_per_1k_steps": {f: per_k * statistics.fmean(a["seconds"][f] for a in actors) for f in fields},
+        "learner_share": {f: v / max(learner["wall_s"], 1e-9) for f, v in learner["seconds"].items()},
+        "curve": [[p["env_steps"], p["wall_s"], p["return"]] for p in log["curve"]],
     }  # fmt: skip
+
+
+def within_spread(a: list[float], b: list[float]) -> bool | None:
+    """Do the two sets of final returns agree within the seed-to-seed spread? (|mean difference| is at
+    most the larger of the two standard deviations, or the ranges overlap.)"""
+    if not a or not b:
+        return None
+    spread = max(statistics.pstdev(a) if len(a) > 1 else 0.0, statistics.pstdev(b) if len(b) > 1 else 0.0)
+    overlap = min(max(a), max(b)) >= max(min(a), min(b))
+    return abs(statistics.fmean(a) - statistics.fmean(b)) <= spread or overlap
 
 
 def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
     rows = []
     for task in suite.tasks:
-        for period in suite.update_periods:
-            base = None
-            for precision in suite.precisions:
-                rs = [r for r in runs if (r["env"], r["algo"], r["update_period"], r["precision"])
-                      == (task.env, task.algo, period, precision)]  # fmt: skip
+        for period in task.update_periods:
+            base_t: float | None = None
+            base_finals: list[float] = []
+            for precision in task.precisions:
+                rs = [r for r in runs if (r["task"], r["update_period"], r["precision"])
+                      == (task.label, period, precision)]  # fmt: skip
                 finals = [r["final_return"] for r in rs if r["final_return"] is not None]
                 times = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None]
                 mean_t = statistics.fmean(times) if times else None
                 if precision == "fp32":
-                    base = mean_t
+                    base_t, base_finals = mean_t, finals
                 ratios = [r["inference_throughput"]["ratio_vs_fp32"].get(f"{precision}/fp32") for r in rs]
                 ratios = [x for x in ratios if x is not None]
                 rows.append({
-                    "task": f"{task.env} {task.algo}", "precision": precision, "update_period": period,
+                    "task": task.label, "precision": precision, "update_period": period,
                     "final_return_mean": statistics.fmean(finals) if finals else None,
                     "final_return_std": statistics.pstdev(finals) if len(finals) > 1 else 0.0,
+                    "final_returns": finals,
+                    "within_fp32_spread": None if precision == "fp32" else within_spread(finals, base_finals),
                     "time_to_target_s": mean_t, "reached": f"{len(times)}/{len(rs)}", "target": task.target,
-                    "speedup_vs_fp32": base / mean_t if base and mean_t else None,
+                    "speedup_vs_fp32": base_t / mean_t if base_t and mean_t else None,
                     "inference_vs_fp32": statistics.fmean(ratios) if ratios else 1.0,
+                    "learner_update_share": statistics.fmean(r["learner_share"].get("learner_update", 0.0)
+                                                             for r in rs) if rs else None,
                 })  # fmt: skip
     return rows
 
@@ -167,35 +237,45 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
     def f(x: float | None, spec: str = ".1f") -> str:
         return "—" if x is None else format(x, spec)
 
+    verdict = {None: "ref", True: "within spread", False: "OUTSIDE spread"}
     return [
         [r["task"], r["precision"], str(r["update_period"]),
-         f"{f(r['final_return_mean'])} ± {f(r['final_return_std'])}", f(r["time_to_target_s"]), r["reached"],
+         f"{f(r['final_return_mean'])} ± {f(r['final_return_std'])}",
+         verdict[r["within_fp32_spread"]] if r["precision"] != "fp32" else "ref",
+         f(r["time_to_target_s"]), r["reached"],
          f(r["speedup_vs_fp32"], ".2f") + "x" if r["speedup_vs_fp32"] else "—",
          f(r["inference_vs_fp32"], ".2f") + "x"]
         for r in study["rows"]
     ]  # fmt: skip
 
 
+def _slug(label: str) -> str:
+    return label.replace(" ", "-")
+
+
 def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
-    """actorq.json, actorq.md and one breakdown PNG per task (temp name, then rename)."""
-    from quarl_edge.actorq.plots import plot_study_breakdown
+    """actorq.json, actorq.md, and per task a breakdown and a learning-curve PNG (temp name, then rename)."""
+    from quarl_edge.actorq.plots import plot_study_breakdown, plot_study_curves
 
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "actorq.json", out / "actorq.md"]
     tmp = out / "actorq.json.tmp"
     tmp.write_text(json.dumps(study, indent=2))
     os.replace(tmp, files[0])
-    targets = ", ".join(sorted({f"{r['task']} {r['target']}" for r in study["rows"]}))
+    targets = ", ".join(sorted({f"{r['task']}: {r['target']}" for r in study["rows"]}))
     lines = [f"# ActorQ study ({study['suite']})", "",
              f"Target return per task: {targets}; "
-             f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds).", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
+             f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds); "
+             "'within spread': |mean difference| <= the larger seed-to-seed std, or the seeds' ranges overlap.",
+             "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
     tmp = out / "actorq.md.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, files[1])
-    for task in {(r["env"], r["algo"]) for r in study["runs"]}:
-        path = out / f"breakdown-{task[0]}-{task[1]}.png"
-        plot_study_breakdown([r for r in study["runs"] if (r["env"], r["algo"]) == task], path)
-        files.append(path)
+    for label in dict.fromkeys(r["task"] for r in study["runs"]):
+        runs = [r for r in study["runs"] if r["task"] == label]
+        for kind, plot in (("breakdown", plot_study_breakdown), ("curves", plot_study_curves)):
+            path = out / f"{kind}-{_slug(label)}.png"
+            plot(runs, path)
+            files.append(path)
     return files

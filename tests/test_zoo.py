@@ -1,0 +1,63 @@
+"""`quarl-edge zoo add/list`: a finished training becomes a zoo entry with its return and calibration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quarl_edge.policies import load_checkpoint, save_checkpoint
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.trace import load_trace
+from quarl_edge.zoo import INDEX, POLICIES, add, load_zoo
+
+
+@pytest.fixture
+def zoo_copy(tmp_path: Path) -> Path:
+    index = tmp_path / "policies" / "zoo.json"
+    index.parent.mkdir()
+    shutil.copy(INDEX, index)
+    return index
+
+
+def test_add_evaluates_records_and_indexes(zoo_copy: Path, tmp_path: Path) -> None:
+    before = {e.name for e in load_zoo(zoo_copy)}
+    entry = add(
+        POLICIES / "cartpole-ppo", "cartpole-ppo-copy", ("quick",), index=zoo_copy, calibration_dir=tmp_path
+    )
+    assert entry.fp32_return_mean == 500.0 and entry.fp32_episodes == 20 and entry.env == "CartPole-v1"
+    assert "--algo ppo" in entry.train_command and entry.train_command.endswith("--out cartpole-ppo-copy")
+    assert {e.name for e in load_zoo(zoo_copy)} == before | {"cartpole-ppo-copy"}
+    copied = load_checkpoint(zoo_copy.parent / "cartpole-ppo-copy")
+    assert copied.spec.name == "cartpole-ppo-copy"
+    trace = load_trace(tmp_path / "cartpole-ppo-copy.npz")
+    assert trace.obs.shape[1:] == (4,) and 0 < len(trace.obs) <= 5000
+    # adding again replaces the entry instead of duplicating it
+    add(POLICIES / "cartpole-ppo", "cartpole-ppo-copy", index=zoo_copy, calibration_dir=tmp_path)
+    assert [e.name for e in load_zoo(zoo_copy)].count("cartpole-ppo-copy") == 1
+
+
+def test_add_refuses_a_partial_checkpoint_and_bad_names(zoo_copy: Path, tmp_path: Path) -> None:
+    import dataclasses
+
+    policy = load_checkpoint(POLICIES / "cartpole-ppo")
+    policy.spec = dataclasses.replace(policy.spec, train={**policy.spec.train, "partial": True})
+    save_checkpoint(policy, tmp_path / "partial")
+    before = zoo_copy.read_text()
+    with pytest.raises(InputError, match="not a finished"):
+        add(tmp_path / "partial", "partial", index=zoo_copy, calibration_dir=tmp_path)
+    with pytest.raises(InputError, match="plain lowercase"):
+        add(POLICIES / "cartpole-ppo", "Bad Name", index=zoo_copy, calibration_dir=tmp_path)
+    with pytest.raises(InputError, match="at least 20"):
+        add(POLICIES / "cartpole-ppo", "few", episodes=5, index=zoo_copy, calibration_dir=tmp_path)
+    assert zoo_copy.read_text() == before and not (zoo_copy.parent / "partial").exists()
+
+
+def test_zoo_list_json_says_which_files_are_present(cli: Any) -> None:
+    r = cli("zoo", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    entries = {e["name"]: e for e in json.loads(r.stdout)}
+    assert entries["cartpole-ppo"]["present"] is True and entries["cartpole-ppo"]["fp32_episodes"] >= 20
