@@ -80,11 +80,16 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     assert log["curve"] and {"wall_s", "env_steps", "return"} <= set(log["curve"][0])
     tp = log["inference_throughput"]
     assert set(tp["calls_per_s"]) == {"fp32", "int8"} and tp["ratio_vs_fp32"]["int8/fp32"] > 0
-    for name in ("log.json", "breakdown.png", "curve.png", "checkpoint/state.json", "checkpoint/model.pt"):
+    for name in ("log.json", "breakdown.png", "curve.png", "checkpoint/state.json", "checkpoint/model.npz",
+                 "checkpoint/model.json", "checkpoint/replay.npz"):  # fmt: skip
         assert (tmp_path / name).is_file(), name
-    # resume: the checkpoint's step count carries over
+    assert not (tmp_path / "checkpoint" / "model.pt").exists()
+    # resume: the checkpoint's step count, update count and curve carry over
     log2 = train(Args(out=tmp_path, steps=2500 + 640, actors=2, learning_starts=500, resume=True))
-    assert log2["events"][0]["event"] == "resumed" and log2["env_steps"] >= 3100
+    assert log2["events"][0] == {"event": "resumed", "env_steps": log["env_steps"]}
+    assert 3100 <= log2["env_steps"] <= 2500 + 640 + 2 * 64  # steps is the total, not more after the resume
+    assert log2["learner_updates"] > log["learner_updates"]
+    assert log2["curve"][: len(log["curve"])] == log["curve"]
 
 
 def test_killed_actor_is_replaced_and_training_continues(local_ray: str, tmp_path: Path) -> None:
@@ -102,6 +107,77 @@ def test_killed_actor_is_replaced_and_training_continues(local_ray: str, tmp_pat
     died = next(e for e in log["events"] if e["event"] == "actor_died")
     assert log["env_steps"] >= 3000 - 64 and log["env_steps"] > died["env_steps"] + 1000
     assert "actor2" in log["breakdown"] and log["breakdown"]["actor2"]["seconds"]["env_step"] > 0
+
+
+def _fill(replay: Any, n: int, rng: np.random.Generator) -> None:
+    batch = {}
+    for k in replay.arrays():
+        full = getattr(replay, k)
+        if full.dtype == np.int64:
+            batch[k] = rng.integers(0, 2, n)
+        else:
+            batch[k] = rng.standard_normal((n, *full.shape[1:])).astype(np.float32)
+    replay.add_batch(batch)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "d4pg"])
+def test_checkpoint_restores_every_tensor_exactly(tmp_path: Path, algo: str) -> None:
+    import dataclasses
+
+    import gymnasium as gym
+    import torch
+
+    from quarl_edge.actorq import checkpoint, d4pg, dqn
+    from quarl_edge.runtimes.errors import InputError
+
+    def make(a: Any) -> Any:
+        if algo == "dqn":
+            return dqn.DQNLearner(a, 4, gym.spaces.Discrete(2))
+        return d4pg.D4PGLearner(a, 3, gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
+
+    args: Any = (dqn.Args if algo == "dqn" else D4PGArgs)(out=tmp_path, hidden=(16, 16), batch_size=8)
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    learner = make(args)
+    _fill(learner.replay, 50, rng)
+    for n in range(1, 4):
+        learner.update(learner.replay.sample(8, rng), n)
+    state = {"version": 1, "global_step": 1234, "updates": 3, "version_broadcast": 0, "curve": []}
+    ckpt = tmp_path / "checkpoint"
+    checkpoint.save(ckpt, learner.parts(), learner.replay.arrays(), state)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.json", "model.npz", "replay.npz", "state.json"]
+
+    torch.manual_seed(1)  # different initial weights, empty optimizers
+    fresh = make(args)
+    got_state, replay = checkpoint.load(ckpt, fresh.parts())
+    fresh.replay.add_batch(replay)
+    assert got_state == state
+    for name, part in learner.parts().items():
+        want, got = part.state_dict(), fresh.parts()[name].state_dict()
+        if isinstance(part, torch.optim.Optimizer):
+            assert got["param_groups"] == want["param_groups"]  # betas come back as a tuple
+            assert want["state"] and set(got["state"]) == set(want["state"])
+            pairs = [
+                (f"{i}/{k}", v, got["state"][i][k]) for i, s in want["state"].items() for k, v in s.items()
+            ]
+            assert {k.split("/")[1] for k, _, _ in pairs} == {"step", "exp_avg", "exp_avg_sq"}
+        else:
+            assert list(got) == list(want)
+            pairs = [(k, v, got[k]) for k, v in want.items()]
+        for key, w, g in pairs:
+            assert g.dtype == w.dtype and torch.equal(g, w), (name, key)
+    want_rb = learner.replay.arrays()
+    assert all(np.array_equal(fresh.replay.arrays()[k], v) for k, v in want_rb.items())
+    # the restored learner continues exactly: one more update gives bit-identical weights
+    batch = learner.replay.sample(8, np.random.default_rng(5))
+    learner.update(batch, 4)
+    fresh.update(batch, 4)
+    for name, part in learner.parts().items():
+        if isinstance(part, torch.nn.Module):
+            for k, v in part.state_dict().items():
+                assert torch.equal(v, fresh.parts()[name].state_dict()[k]), (name, k)
+    with pytest.raises(InputError, match="does not fit"):
+        checkpoint.load(ckpt, make(dataclasses.replace(args, hidden=(8,))).parts())
 
 
 def test_int8_broadcast_payload_is_3x_smaller() -> None:

@@ -125,6 +125,7 @@ class Actor:
                 self._pull(box)
         return {
             "actor_id": self.actor_id,
+            "env_steps": steps,
             "obs": obs_buf,
             "next_obs": next_buf,
             "actions": act_buf,
