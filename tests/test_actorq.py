@@ -17,11 +17,12 @@ from quarl_edge.actorq.actors import ACTOR_FIELDS, LEARNER_FIELDS  # noqa: E402
 from quarl_edge.actorq.broadcast import int8_evidence, quantize_broadcast  # noqa: E402
 from quarl_edge.actorq.d4pg import Actor as D4PGActor  # noqa: E402
 from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
-from quarl_edge.actorq.d4pg import project  # noqa: E402
+from quarl_edge.actorq.d4pg import project, support  # noqa: E402
 from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
 from quarl_edge.actorq.study import run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
+from quarl_edge.runtimes.errors import InputError  # noqa: E402
 
 
 @pytest.fixture
@@ -329,3 +330,15 @@ def test_cli_d4pg_with_hidden_prints_json_with_throughput(
         assert log["args"]["hidden"] == [32, 32] and log["args"]["algo"] == "d4pg" and log["env_steps"] >= 256
         assert log["inference_throughput"]["ratio_vs_fp32"]["int8/fp32"] > 0
         assert not _ray_processes_left(d)
+
+
+def test_d4pg_value_support_is_set_known_or_estimated() -> None:
+    assert support(D4PGArgs(env="Pendulum-v1")) == (-1000.0, 0.0, "known task")
+    assert support(D4PGArgs(env="Pendulum-v1", v_min=-5.0, v_max=5.0)) == (-5.0, 5.0, "set")
+    pytest.importorskip("mujoco")
+    lo, hi, source = support(
+        D4PGArgs(env="HalfCheetah-v5")
+    )  # positive returns: Pendulum's [-1000, 0] would not fit
+    assert lo < 0 < hi and "estimated" in source
+    with pytest.raises(InputError, match="both"):
+        D4PGArgs(env="Pendulum-v1", v_min=-5.0).validate()

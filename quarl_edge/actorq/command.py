@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -44,6 +44,10 @@ def actorq(
     hidden: Annotated[
         str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")
     ] = None,
+    v_min: Annotated[
+        float | None, typer.Option("--v-min", help="d4pg: lowest value atom (default: known or estimated)")
+    ] = None,
+    v_max: Annotated[float | None, typer.Option("--v-max", help="d4pg: highest value atom")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the log as JSON on stdout")] = False,
 ) -> None:
@@ -51,7 +55,13 @@ def actorq(
     from quarl_edge.actorq import d4pg, dqn
 
     learner = d4pg if algo == "d4pg" else dqn
-    sizes = {"hidden": parse_hidden(hidden)} if hidden else {}
+    sizes: dict[str, Any] = {"hidden": parse_hidden(hidden)} if hidden else {}
+    if v_min is not None or v_max is not None:
+        if algo != "d4pg":
+            raise InputError(
+                "--v-min/--v-max set the D4PG critic's value support", "drop them for --algo dqn"
+            )
+        sizes |= {"v_min": v_min, "v_max": v_max}
     args = learner.Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision,
                         update_period=update_period, address=address, steps=steps, seed=seed, resume=resume,
                         **sizes)  # fmt: skip

@@ -54,10 +54,10 @@ class Args(ActorQArgs):
     """steps summed into each return target (computed in the actors)"""
     atoms: int = 51
     """support points of the critic's categorical value distribution"""
-    v_min: float = -1000.0
-    """lowest support point (Pendulum's discounted returns lie in about [-1000, 0])"""
-    v_max: float = 0.0
-    """highest support point"""
+    v_min: float | None = None
+    """lowest support point; None: from SUPPORTS, else estimated (see `support`)"""
+    v_max: float | None = None
+    """highest support point; None: like v_min"""
     tau: float = 0.005
     """soft target-network update rate"""
     exploration_noise: float = 0.2
@@ -72,9 +72,13 @@ class Args(ActorQArgs):
         if self.algo != "d4pg":
             raise InputError(f"quarl_edge.actorq.d4pg runs --algo d4pg, not {self.algo!r}", "see actorq.dqn")
         self.validate_shared(positive=("buffer_size", "n_step"))
-        if self.atoms < 2 or not self.v_min < self.v_max:
+        if self.atoms < 2:
+            raise InputError(f"need at least 2 atoms (got {self.atoms})", "e.g. atoms=51")
+        if (self.v_min is None) != (self.v_max is None):
+            raise InputError("give both --v-min and --v-max, or neither", "e.g. --v-min -1000 --v-max 0")
+        if self.v_min is not None and self.v_max is not None and not self.v_min < self.v_max:
             raise InputError(
-                f"need atoms >= 2 and v_min < v_max (got {self.atoms}, {self.v_min}, {self.v_max})"
+                f"need v_min < v_max (got {self.v_min}, {self.v_max})", "e.g. --v-min -1000 --v-max 0"
             )
         import gymnasium as gym
 
@@ -82,6 +86,43 @@ class Args(ActorQArgs):
         if not isinstance(space, gym.spaces.Box):
             raise InputError(f"D4PG needs a continuous (Box) action space; {self.env} has {space}",
                              "use --algo dqn, or e.g. --env Pendulum-v1")  # fmt: skip
+
+
+# Value supports known to fit (discounted n-step returns); other tasks get an estimate (see `support`).
+# A sparse reward that random actions never reach (MountainCarContinuous' +100 at the goal) needs an entry
+# here or --v-min/--v-max.
+SUPPORTS: dict[str, tuple[float, float]] = {
+    "Pendulum-v1": (-1000.0, 0.0),
+    "MountainCarContinuous-v0": (-100.0, 100.0),
+}
+
+
+def support(args: Args, probe_steps: int = 2_000) -> tuple[float, float, str]:
+    """(v_min, v_max, source) of the critic's atoms: the user's, a known task's, or an estimate from a
+    random-action rollout: per-step rewards seen, doubled for headroom (a trained policy earns more than
+    random actions), times the effective horizon min(1 / (1 - gamma), episode limit)."""
+    if args.v_min is not None and args.v_max is not None:
+        return args.v_min, args.v_max, "set"
+    if args.env in SUPPORTS:
+        return (*SUPPORTS[args.env], "known task")
+    import gymnasium as gym
+
+    env = gym.make(args.env)
+    env.action_space.seed(args.seed)
+    env.reset(seed=args.seed)
+    lo = hi = 0.0
+    for _ in range(probe_steps):
+        _, r, term, trunc, _ = env.step(env.action_space.sample())
+        lo, hi = min(lo, float(r)), max(hi, float(r))
+        if term or trunc:
+            env.reset()
+    limit = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else None
+    env.close()
+    horizon = min(1.0 / (1.0 - args.gamma), float(limit or 1e9))
+    v_min, v_max = 2.0 * lo * horizon, 2.0 * hi * horizon
+    if v_max - v_min < 1e-6:
+        v_min, v_max = -1.0, 1.0
+    return round(v_min, 3), round(v_max, 3), f"estimated from {probe_steps} random-action steps"
 
 
 def mlp(n_in: int, n_out: int, hidden: tuple[int, ...]) -> nn.Sequential:
@@ -187,7 +228,8 @@ class D4PGLearner:
         self.target_critic = Critic(n_obs, n_act, args.hidden, args.atoms)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.learning_rate)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.learning_rate)
-        self.support = torch.linspace(args.v_min, args.v_max, args.atoms)
+        v_min, v_max, self.support_source = support(args)
+        self.support = torch.linspace(v_min, v_max, args.atoms)
         self.replay = ReplayBuffer(args.buffer_size, n_obs, n_act)
         self.target_actor.load_state_dict(self.actor.state_dict())
         self.target_critic.load_state_dict(self.critic.state_dict())
@@ -229,7 +271,9 @@ class D4PGLearner:
         self.losses = {"critic_loss": critic_loss.item(), "actor_loss": actor_loss.item()}
 
     def summary(self) -> dict[str, Any]:
-        return {"losses": self.losses}
+        return {"losses": self.losses,
+                "support": {"v_min": float(self.support[0]), "v_max": float(self.support[-1]),
+                            "atoms": len(self.support), "source": self.support_source}}  # fmt: skip
 
 
 def train(args: Args, on_chunk: OnChunk | None = None) -> dict[str, Any]:
