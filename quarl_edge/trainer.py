@@ -248,6 +248,7 @@ def train(cfg: TrainConfig) -> Policy:
     def to_policy(m: Any, **train_info: Any) -> Policy:
         info = {
             "steps": int(m.num_timesteps),
+            "requested_steps": steps,
             "seed": cfg.seed,
             "hyperparams": {
                 k: (v if isinstance(v, (int, float, str, bool, list, dict)) else str(v))

@@ -117,7 +117,7 @@ def add(
     samples = max_samples or (1000 if image else 5000)  # Atari frames: ~1000 keeps the file well under 10 MB
     trace = record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=samples))
     entries = [e for e in load_zoo(index) if e.name != name]
-    steps = int(train.get("hyperparams", {}).get("steps") or train["steps"])
+    steps = int(train.get("requested_steps") or train["steps"])
     entry = ZooEntry(
         name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model, steps=int(train["steps"]),
         seed=int(train.get("seed", 0)), train_command=train_command(policy.spec.env.id, policy.spec.algo, steps,
