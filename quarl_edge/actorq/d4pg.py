@@ -89,39 +89,57 @@ class Args(ActorQArgs):
 
 
 # Value supports known to fit (discounted n-step returns); other tasks get an estimate (see `support`).
-# A sparse reward that random actions never reach (MountainCarContinuous' +100 at the goal) needs an entry
-# here or --v-min/--v-max.
+# Supports that fit each task's discounted returns from random to well trained (gamma 0.99), by task name
+# without its version. Other tasks get an estimate (see `support`); --v-min/--v-max override both.
 SUPPORTS: dict[str, tuple[float, float]] = {
-    "Pendulum-v1": (-1000.0, 0.0),
-    "MountainCarContinuous-v0": (-100.0, 100.0),
+    "Pendulum": (-1000.0, 0.0),
+    "MountainCarContinuous": (-100.0, 100.0),  # +100 at the goal, which random actions never reach
+    "LunarLanderContinuous": (-300.0, 300.0),
+    "BipedalWalker": (-200.0, 300.0),
+    "HalfCheetah": (-200.0, 1200.0),
+    "Hopper": (-100.0, 400.0),
+    "Walker2d": (-100.0, 600.0),
+    "Ant": (-200.0, 800.0),
+    "Humanoid": (-100.0, 800.0),
+    "Swimmer": (-50.0, 50.0),
+    "Reacher": (-100.0, 0.0),
+    "InvertedPendulum": (0.0, 100.0),
+    "InvertedDoublePendulum": (0.0, 1000.0),
 }
 
 
 def support(args: Args, probe_steps: int = 2_000) -> tuple[float, float, str]:
-    """(v_min, v_max, source) of the critic's atoms: the user's, a known task's, or an estimate from a
-    random-action rollout: per-step rewards seen, doubled for headroom (a trained policy earns more than
-    random actions), times the effective horizon min(1 / (1 - gamma), episode limit)."""
+    """(v_min, v_max, source) of the critic's atoms: the user's, a known task's, or an estimate from
+    random actions: the range [lo, hi] of the discounted returns-to-go seen in ``probe_steps`` steps,
+    widened to [min(lo, 0) - span, max(hi, 0) + span] (span = hi - lo) since a trained policy earns
+    more than random actions. A reward random actions never see still needs --v-min/--v-max."""
     if args.v_min is not None and args.v_max is not None:
         return args.v_min, args.v_max, "set"
-    if args.env in SUPPORTS:
-        return (*SUPPORTS[args.env], "known task")
+    base = args.env.split("/")[-1].rsplit("-v", 1)[0]
+    if base in SUPPORTS:
+        return (*SUPPORTS[base], "known task")
     import gymnasium as gym
 
     env = gym.make(args.env)
     env.action_space.seed(args.seed)
     env.reset(seed=args.seed)
-    lo = hi = 0.0
+    episodes: list[list[float]] = [[]]
     for _ in range(probe_steps):
         _, r, term, trunc, _ = env.step(env.action_space.sample())
-        lo, hi = min(lo, float(r)), max(hi, float(r))
+        episodes[-1].append(float(r))
         if term or trunc:
             env.reset()
-    limit = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else None
+            episodes.append([])
     env.close()
-    horizon = min(1.0 / (1.0 - args.gamma), float(limit or 1e9))
-    v_min, v_max = 2.0 * lo * horizon, 2.0 * hi * horizon
-    if v_max - v_min < 1e-6:
-        v_min, v_max = -1.0, 1.0
+    returns = []
+    for rewards in episodes:  # discounted return-to-go at every step (a truncated tail counts as is)
+        g = 0.0
+        for r in reversed(rewards):
+            g = r + args.gamma * g
+            returns.append(g)
+    lo, hi = min(returns, default=0.0), max(returns, default=0.0)
+    span = max(hi - lo, 1.0)
+    v_min, v_max = min(lo, 0.0) - span, max(hi, 0.0) + span
     return round(v_min, 3), round(v_max, 3), f"estimated from {probe_steps} random-action steps"
 
 
