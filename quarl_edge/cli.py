@@ -479,6 +479,7 @@ def study_qat(
     episodes: Annotated[int | None, typer.Option("--episodes", help="paired episodes per variant")] = None,
     bits: Annotated[str | None, typer.Option("--bits", help="bit widths, e.g. 2,4,8")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="override the QAT training steps")] = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="comma-separated task names")] = None,
     address: Annotated[
         str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
     ] = None,
@@ -492,7 +493,8 @@ def study_qat(
     from quarl_edge.study.qat import QATStudyConfig, run_study, table_rows, write_outputs
 
     bit_list = _parse_bits(bits)
-    cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address)
+    cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address,
+                         policies=tuple(policies.split(",")) if policies else None)  # fmt: skip
     study = run_study(cfg, progress=info, out=out)
     _show_study(study, write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", QAT_COLUMNS, table_rows)
 

@@ -58,6 +58,10 @@ def test_paper_suite_lists_the_paper_tasks_and_bits() -> None:
     assert cfg.task_bits(by_name["cartpole-ppo"]) == cfg.bit_list
     assert 4 in cfg.task_bits(by_name["halfcheetah-td3"])  # the claim is about 4 bits
     assert QATStudyConfig(suite="paper", bits=(3,)).task_bits(by_name["halfcheetah-td3"]) == (3,)
+    picked = QATStudyConfig(suite="paper", policies=("pendulum-sac", "cartpole-ppo"))
+    assert [t.name for t in picked.tasks] == ["cartpole-ppo", "pendulum-sac"]  # the suite's order
+    with pytest.raises(InputError, match="no task 'nope'"):
+        QATStudyConfig(suite="paper", policies=("nope",))
 
 
 def test_bad_study_options_are_user_errors() -> None:

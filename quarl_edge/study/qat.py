@@ -57,6 +57,8 @@ class QATStudyConfig:
     """bit widths (default: 2 and 8 for quick, 2..8 for paper)"""
     steps: int | None = None
     """override every task's QAT training steps"""
+    policies: tuple[str, ...] | None = None
+    """restrict to these tasks (zoo names) of the suite"""
     delay_fraction: float = 0.25
     """quantization delay as a fraction of the training steps"""
     seed: int = 2000
@@ -76,10 +78,18 @@ class QATStudyConfig:
             raise InputError(f"--steps must be at least 64 (got {self.steps})", "e.g. --steps 20000")
         if not 0.0 <= self.delay_fraction < 1.0:
             raise InputError("the delay fraction must be in [0, 1)", "e.g. 0.25")
+        _ = self.tasks  # an unknown --policies name fails here, before Ray starts
 
     @property
     def tasks(self) -> tuple[QATTask, ...]:
-        return QUICK if self.suite == "quick" else PAPER
+        tasks = QUICK if self.suite == "quick" else PAPER
+        if not self.policies:
+            return tasks
+        unknown = [p for p in self.policies if p not in {t.name for t in tasks}]
+        if unknown:
+            raise InputError(f"no task {unknown[0]!r} in suite {self.suite}",
+                             f"known: {', '.join(t.name for t in tasks)}")  # fmt: skip
+        return tuple(t for t in tasks if t.name in self.policies)
 
     @property
     def n_episodes(self) -> int:
