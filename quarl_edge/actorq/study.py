@@ -164,7 +164,14 @@ def _reusable(args: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     want = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
-    saved = log.get("args", {})
+    saved = dict(log.get("args", {}))
+    if "v_min" in want:  # D4PG: compare the value support the runs used, however it was given
+        from quarl_edge.actorq.d4pg import support
+
+        if want["v_min"] is None:
+            want["v_min"], want["v_max"], _ = support(args)
+        if saved.get("v_min") is None and "support" in log:
+            saved["v_min"], saved["v_max"] = log["support"]["v_min"], log["support"]["v_max"]
     same = all(
         json.dumps(saved.get(k)) == json.dumps(v) for k, v in want.items() if k not in ("resume", "extra")
     )
