@@ -298,7 +298,7 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
 def test_within_spread_compares_final_returns_over_seeds() -> None:
     assert within_spread([200.0, 300.0, 250.0], [240.0, 260.0, 220.0])  # inside fp32's spread
     assert not within_spread([500.0, 499.0, 500.0], [100.0, 120.0, 90.0])  # far apart, tight seeds
-    assert within_spread([], [1.0]) is None
+    assert within_spread([], [1.0]) is None and within_spread([5.0], [9.0]) is None  # no spread with 1 seed
 
 
 def test_time_to_target_uses_the_rolling_mean() -> None:

@@ -203,7 +203,7 @@ def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision:
 def within_spread(a: list[float], b: list[float]) -> bool | None:
     """Do the two sets of final returns agree within the seed-to-seed spread? (|mean difference| is at
     most the larger of the two standard deviations, or the ranges overlap.)"""
-    if not a or not b:
+    if len(a) < 2 or len(b) < 2:  # one seed has no spread to compare against
         return None
     spread = max(statistics.pstdev(a) if len(a) > 1 else 0.0, statistics.pstdev(b) if len(b) > 1 else 0.0)
     overlap = min(max(a), max(b)) >= max(min(a), min(b))
@@ -245,7 +245,7 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
     def f(x: float | None, spec: str = ".1f") -> str:
         return "—" if x is None else format(x, spec)
 
-    verdict = {None: "ref", True: "within spread", False: "OUTSIDE spread"}
+    verdict = {None: "— (1 seed)", True: "within spread", False: "OUTSIDE spread"}
     return [
         [r["task"], r["precision"], str(r["update_period"]),
          f"{f(r['final_return_mean'])} ± {f(r['final_return_std'])}",
