@@ -480,6 +480,9 @@ def study_qat(
     bits: Annotated[str | None, typer.Option("--bits", help="bit widths, e.g. 2,4,8")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="override the QAT training steps")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated task names")] = None,
+    qat_activations: Annotated[
+        bool, typer.Option("--qat-activations/--no-qat-activations", help="QAT also quantizes activations")
+    ] = True,
     address: Annotated[
         str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
     ] = None,
@@ -494,7 +497,8 @@ def study_qat(
 
     bit_list = _parse_bits(bits)
     cfg = QATStudyConfig(suite=suite, episodes=episodes, bits=bit_list, steps=steps, address=address,
-                         policies=tuple(policies.split(",")) if policies else None)  # fmt: skip
+                         policies=tuple(policies.split(",")) if policies else None,
+                         activations=qat_activations)  # fmt: skip
     study = run_study(cfg, progress=info, out=out)
     _show_study(study, write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", QAT_COLUMNS, table_rows)
 

@@ -71,3 +71,17 @@ def test_bad_study_options_are_user_errors() -> None:
         QATStudyConfig(bits=(1, 8))
     with pytest.raises(InputError):
         QATStudyConfig(steps=10)
+
+
+def test_a_finished_qat_training_is_reused_only_with_the_same_settings(tmp_path: Path) -> None:
+    import json
+
+    from quarl_edge.study.qat import _trained
+
+    train = {"steps": 2048, "seed": 0, "qat": {"bits": 4, "delay": 512, "activations": False}}
+    (tmp_path / "policy.json").write_text(json.dumps({"spec": {"train": train}}))
+    assert _trained(tmp_path, 2048, 0, 4, 512, activations=False)
+    assert not _trained(tmp_path, 2048, 0, 4, 512, activations=True)  # weight-only is another training
+    assert not _trained(tmp_path, 2048, 0, 3, 512, activations=False)
+    assert not _trained(tmp_path, 4096, 0, 4, 512, activations=False)  # too short
+    assert not _trained(tmp_path / "missing", 2048, 0, 4, 512)

@@ -59,6 +59,8 @@ class QATStudyConfig:
     """override every task's QAT training steps"""
     policies: tuple[str, ...] | None = None
     """restrict to these tasks (zoo names) of the suite"""
+    activations: bool = True
+    """QAT also fake-quantizes activations (False: weight-only QAT, like the weight-only PTQ sweep)"""
     delay_fraction: float = 0.25
     """quantization delay as a fraction of the training steps"""
     seed: int = 2000
@@ -107,7 +109,9 @@ class QATStudyConfig:
         return list(range(self.seed, self.seed + self.n_episodes))
 
 
-def train_task(env: str, algo: str, steps: int, seed: int, bits: int, delay: int, out: str) -> dict[str, Any]:
+def train_task(
+    env: str, algo: str, steps: int, seed: int, bits: int, delay: int, out: str, activations: bool = True
+) -> dict[str, Any]:
     """One QAT training (a Ray task); returns {"path": ...} or {"skipped": reason}."""
     import torch
 
@@ -117,7 +121,7 @@ def train_task(env: str, algo: str, steps: int, seed: int, bits: int, delay: int
     torch.set_num_threads(1)
     try:
         cfg = TrainConfig(env=env, algo=algo, out=Path(out), steps=steps, seed=seed, eval_episodes=1,
-                          qat=QATConfig(bits=bits, delay=delay))  # fmt: skip
+                          qat=QATConfig(bits=bits, delay=delay, activations=activations))  # fmt: skip
         train(cfg)
     except QuarlError as e:
         return {"skipped": str(e)}
@@ -141,7 +145,7 @@ def _check(task: QATTask) -> tuple[Any, str | None]:
     return entry, None
 
 
-def _trained(path: Path, steps: int, seed: int, bits: int, delay: int) -> bool:
+def _trained(path: Path, steps: int, seed: int, bits: int, delay: int, activations: bool = True) -> bool:
     """Is there a finished QAT checkpoint at ``path`` from the same training settings?"""
     import json
 
@@ -151,7 +155,8 @@ def _trained(path: Path, steps: int, seed: int, bits: int, delay: int) -> bool:
         return False
     qat = train.get("qat") or {}
     return (not train.get("partial") and train.get("seed") == seed and train.get("steps", 0) >= steps
-            and qat.get("bits") == bits and qat.get("delay") == delay)  # fmt: skip
+            and qat.get("bits") == bits and qat.get("delay") == delay
+            and qat.get("activations", True) == activations)  # fmt: skip
 
 
 def run_study(
@@ -193,12 +198,15 @@ def run_study(
                     ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
                     evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
                 for b in cfg.task_bits(task):
-                    path, delay = work / f"{task.name}-qat{b}", int(steps * cfg.delay_fraction)
+                    suffix = "" if cfg.activations else "-weights"
+                    path, delay = work / f"{task.name}-qat{b}{suffix}", int(steps * cfg.delay_fraction)
                     row = Row(task.name, entry.env, entry.algo, f"qat{b}", b)
-                    if _trained(path, steps, entry.seed, b, delay):
+                    if _trained(path, steps, entry.seed, b, delay, cfg.activations):
                         trainings.append((row, {"path": str(path)}))
                         continue
-                    ref = trainer.remote(entry.env, entry.algo, steps, entry.seed, b, delay, str(path))
+                    ref = trainer.remote(
+                        entry.env, entry.algo, steps, entry.seed, b, delay, str(path), cfg.activations
+                    )
                     trainings.append((row, ref))
                 say(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
             for row, ref in trainings:
@@ -251,6 +259,7 @@ def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
         "episodes": cfg.n_episodes,
         "seeds": cfg.seeds,
         "bits": list(cfg.bit_list),
+        "qat_activations": cfg.activations,
         "keep_fraction": KEEP_FRACTION,
         "results": results,
         "findings": findings,
@@ -295,7 +304,8 @@ def markdown(study: dict[str, Any]) -> str:
         "",
         f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}). "
         "PTQ: weight-only n-bit of the fp32 zoo policy. QAT: trained from scratch with --qat-bits n "
-        "(same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
+        f"({'weights and activations' if study.get('qat_activations', True) else 'weights only'}; "
+        "same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -318,8 +328,8 @@ def plot(study: dict[str, Any], path: Path) -> Path:
         c = colors[i % len(colors)]
         for kind, style in (("ptq", "--"), ("qat", "-")):
             pts = [(p["bits"], p[kind]) for p in f["normalized"] if p[kind] is not None]
-            if pts:
-                ax.plot([b for b, _ in pts], [v for _, v in pts], style, marker="o", color=c,
+            if pts:  # square PTQ, round QAT: a single bit width has no line to tell them apart
+                ax.plot([b for b, _ in pts], [v for _, v in pts], style, marker="s" if kind == "ptq" else "o", color=c,
                         label=f"{f['task']} {kind.upper()}")  # fmt: skip
     ax.axhline(1.0, color="black", linewidth=1, label="fp32 reference")
     ax.axhline(study["keep_fraction"], color="grey", linestyle=":", linewidth=1, label="90% of fp32")
