@@ -507,7 +507,10 @@ def study_qat(
 @handle_errors
 def study_actorq(
     suite: Annotated[
-        str, typer.Option("--suite", help="quick (CI, ~1 min) or paper (3 seeds, 2048x3: hours)")
+        str,
+        typer.Option(
+            "--suite", help="quick (CI, ~1 min), convergence (3 seeds), speed (2048x3), paper (both)"
+        ),
     ] = "quick",
     address: Annotated[
         str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")

@@ -11,7 +11,7 @@ actors, and the per-actor inference throughput ratio over fp32. Figures: per tas
 
     quarl-edge study actorq --suite quick        # CartPole DQN, 1 seed, tiny budget (a test runs it)
     quarl-edge study actorq --suite convergence  # 3 seeds: CartPole DQN, Pendulum D4PG (~20 min on 2 cores)
-    quarl-edge study actorq --suite speed        # 3 seeds, CartPole DQN with 2048x3 MLPs (~1 h on 2 cores)
+    quarl-edge study actorq --suite speed        # 2 seeds, CartPole DQN with 2048x3 MLPs (~1 h on 2 cores)
     quarl-edge study actorq --suite paper        # both
 """
 
