@@ -92,6 +92,13 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the last checkpoint in --out")
     ] = False,
+    keep_best: Annotated[
+        int,
+        typer.Option(
+            "--keep-best",
+            help="score N episodes at every checkpoint and end with the best weights (needs --checkpoint-every)",
+        ),
+    ] = 0,
     qat_bits: Annotated[
         int | None, typer.Option("--qat-bits", help="quantization-aware training, N bits (2..8)")
     ] = None,
@@ -123,12 +130,17 @@ def train(
         else None
     )
     cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, seed=seed, model=model, net_arch=arch,
-                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every, resume=resume, qat=qat)  # fmt: skip
+                      eval_episodes=eval_episodes, checkpoint_every=checkpoint_every, resume=resume, qat=qat,
+                      keep_best=keep_best)  # fmt: skip
     policy = run_train(cfg)
     t = policy.spec.train
     if as_json:
         print_json({"out": str(out), "spec": policy.spec.to_dict()})
         return
+    if "selection" in t:
+        sel = t["selection"]
+        info(f"--keep-best: final weights scored {sel['final']['mean']:.1f}, best checkpoint "
+             f"{(sel['best'] or {}).get('mean', float('nan')):.1f}; kept step {t['selected_step']}")  # fmt: skip
     info(f"saved {out} ({t.get('steps')} steps, {t.get('wall_s')} s); "
          f"return {t.get('eval_return_mean', float('nan')):.1f} ± {t.get('eval_return_std', float('nan')):.1f}")  # fmt: skip
     info(f"next: quarl-edge record --policy {out} --out calibration_data/{out.name}.npz")

@@ -48,6 +48,8 @@ class TrainConfig:
     """continue from the last checkpoint's resume state in ``out/resume/`` up to ``steps``"""
     qat: QATConfig | None = None
     """quantization-aware training: fake-quantize the policy's layers after ``qat.delay`` steps"""
+    keep_best: int = 0
+    """evaluate N episodes at every checkpoint and end with the best-scoring weights (0: off)"""
 
 
 def validate(cfg: TrainConfig) -> EnvConfig:
@@ -72,6 +74,15 @@ def validate(cfg: TrainConfig) -> EnvConfig:
     if not act.is_discrete and cfg.algo in DISCRETE_ONLY:
         raise InputError(
             f"DQN needs discrete actions; {cfg.env} has continuous ones", "use sac, td3, ddpg, ppo or a2c"
+        )
+    if cfg.keep_best < 0:
+        raise InputError(
+            f"--keep-best must be 0 or more episodes (got {cfg.keep_best})", "e.g. --keep-best 5"
+        )
+    if cfg.keep_best and not cfg.checkpoint_every:
+        raise InputError(
+            "--keep-best needs --checkpoint-every N (it scores the policy at every checkpoint)",
+            "add e.g. --checkpoint-every 10000",
         )
     if cfg.model == "nature_cnn" and not obs.is_image:
         raise InputError(
@@ -202,6 +213,74 @@ def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> An
         ) from None
 
 
+SELECT_SEED0 = 20_000  # --keep-best scores on its own seeds, not on the final evaluation's (10_000+)
+BEST_DIR = "best"
+SELECTION_FILE = "selection.json"
+
+
+class BestKeeper:
+    """``--keep-best``: scores each checkpoint over a few deterministic episodes on selection seeds,
+    keeps the best-scoring one in ``out/best/`` (history in ``out/selection.json``; both survive
+    ``--resume``) and at the end hands back whichever of best and final scored higher."""
+
+    def __init__(self, out: Path, episodes: int) -> None:
+        import json
+
+        self.out, self.episodes = out, episodes
+        path = out / SELECTION_FILE
+        self.history: list[dict[str, Any]] = []
+        if path.is_file():
+            try:
+                self.history = list(json.loads(path.read_text())["history"])
+            except (ValueError, KeyError, TypeError):
+                raise InputError(
+                    f"{str(path)!r} is damaged",
+                    f"delete it and {BEST_DIR}/ to restart the --keep-best selection",
+                ) from None
+
+    def best(self) -> dict[str, Any] | None:
+        kept = [h for h in self.history if h.get("kept")]
+        return kept[-1] if kept else None
+
+    def score(self, policy: Policy) -> dict[str, Any]:
+        mean, std, _ = evaluate(policy, self.episodes, seed0=SELECT_SEED0)
+        return {"step": int(policy.spec.train["steps"]), "mean": round(mean, 3), "std": round(std, 3)}
+
+    def offer(self, policy: Policy) -> None:
+        from quarl_edge.policies import save_checkpoint
+        from quarl_edge.runtimes.fsutil import atomic_write_json
+
+        rec = self.score(policy)
+        best = self.best()
+        rec["kept"] = best is None or rec["mean"] >= best["mean"]  # ties: the later, longer-trained one
+        if rec["kept"]:
+            save_checkpoint(policy, self.out / BEST_DIR)
+        self.history.append(rec)
+        atomic_write_json(self.out / SELECTION_FILE, {"episodes": self.episodes, "seed0": SELECT_SEED0,
+                                                      "history": self.history})  # fmt: skip
+
+    def final(self, policy: Policy) -> Policy:
+        """The better of the final policy and the kept best; its train info says which and why."""
+        from quarl_edge.policies import load_checkpoint
+
+        rec = self.score(policy)
+        best = self.best()
+        info = {"episodes": self.episodes, "seed0": SELECT_SEED0, "final": rec, "best": best}
+        chosen = policy
+        if best is not None and best["mean"] > rec["mean"] and (self.out / BEST_DIR).is_dir():
+            kept = load_checkpoint(self.out / BEST_DIR)
+            chosen = Policy(kept.spec, kept.arch, kept.net, policy.extra)
+        train = {**policy.spec.train, "selected_step": int(chosen.spec.train["steps"]), "selection": info}
+        train.pop("partial", None)
+        return with_train(chosen, train)
+
+
+def with_train(policy: Policy, train: dict[str, Any]) -> Policy:
+    import dataclasses
+
+    return Policy(dataclasses.replace(policy.spec, train=train), policy.arch, policy.net, policy.extra)
+
+
 def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float, float, list[float]]:
     """Deterministic returns of the torch policy on seeds seed0, seed0+1, ..."""
     env = make_env(policy.spec.env)
@@ -255,6 +334,8 @@ def train(cfg: TrainConfig) -> Policy:
                 for k, v in hp.items()
             },
             "sb3_version": sb3.__version__,
+            **({"checkpoint_every": cfg.checkpoint_every} if cfg.checkpoint_every else {}),
+            **({"keep_best": cfg.keep_best} if cfg.keep_best else {}),
             "quarl_edge_version": __version__,
             **train_info,
         }
@@ -268,11 +349,15 @@ def train(cfg: TrainConfig) -> Policy:
         m.save(tmp)
         os.replace(tmp, resume_path(cfg.out))
 
+    keeper = BestKeeper(cfg.out, cfg.keep_best) if cfg.keep_best else None
+    keep = (RESUME_DIR, BEST_DIR, SELECTION_FILE)
+
     def save(m: Any, final: bool) -> None:
         if not final:
-            save_checkpoint(
-                to_policy(m, partial=True, wall_s=round(time.time() - t0, 1)), cfg.out, keep=(RESUME_DIR,)
-            )
+            partial = to_policy(m, partial=True, wall_s=round(time.time() - t0, 1))
+            if keeper is not None:
+                keeper.offer(partial)
+            save_checkpoint(partial, cfg.out, keep=keep)
             save_resume(m)
 
     callbacks = [_progress_callback(steps, f"{cfg.algo.upper()} {env_id}")]
@@ -285,11 +370,13 @@ def train(cfg: TrainConfig) -> Policy:
         model.learn(total_timesteps=remaining, callback=callbacks, reset_num_timesteps=not cfg.resume)
     wall = time.time() - t0
     policy = to_policy(model, wall_s=round(wall, 1))
+    if keeper is not None:
+        policy = keeper.final(policy)
     if cfg.eval_episodes > 0:
         mean, std, _ = evaluate(policy, cfg.eval_episodes)
-        policy = to_policy(model, wall_s=round(wall, 1), eval_return_mean=mean, eval_return_std=std,
-                           eval_episodes=cfg.eval_episodes)  # fmt: skip
-    save_checkpoint(policy, cfg.out, keep=(RESUME_DIR,))
+        policy = with_train(policy, {**policy.spec.train, "eval_return_mean": mean, "eval_return_std": std,
+                                     "eval_episodes": cfg.eval_episodes})  # fmt: skip
+    save_checkpoint(policy, cfg.out, keep=keep)
     if cfg.checkpoint_every:
         save_resume(model)
     return policy

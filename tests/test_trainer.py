@@ -57,3 +57,41 @@ def test_periodic_checkpoints_are_complete(cli, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert load_checkpoint(out).spec.train["steps"] >= 512
     assert not list(tmp_path.glob(".ckpt.*"))  # no temp folders left behind
+
+
+def test_keep_best_ends_with_the_best_scored_weights_and_survives_resume(cli, tmp_path: Path) -> None:
+    from quarl_edge.trainer import SELECT_SEED0, evaluate
+
+    out = tmp_path / "kb"
+    common = ("--env", "CartPole-v1", "--algo", "ppo", "--checkpoint-every", "512", "--keep-best", "3",
+              "--eval-episodes", "2", "--net-arch", "16", "--out", out)  # fmt: skip
+    proc = cli("train", "--steps", "1024", *common)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads((out / "selection.json").read_text())["history"]
+    assert [h["step"] for h in first] == [512, 1024] and first[0]["kept"]
+    assert (out / "best" / "policy.json").is_file() and (out / "resume").is_dir()
+
+    proc = cli("train", "--steps", "2048", "--resume", *common)
+    assert proc.returncode == 0, proc.stderr
+    history = json.loads((out / "selection.json").read_text())["history"]
+    assert history[:2] == first and [h["step"] for h in history] == [512, 1024, 1536, 2048]
+    best = max(h["mean"] for h in history)
+    assert [h["mean"] for h in history if h["kept"]][-1] == best
+
+    policy = load_checkpoint(out)
+    train = policy.spec.train
+    sel = train["selection"]
+    assert train["steps"] == 2048 and train["keep_best"] == 3 and "partial" not in train
+    assert sel["best"]["mean"] == best
+    # the chosen weights really are the better of final and best, on the selection seeds
+    mean, _, _ = evaluate(policy, 3, seed0=SELECT_SEED0)
+    assert mean == pytest.approx(max(best, sel["final"]["mean"]), abs=1e-3)
+    want = sel["final"]["step"] if sel["final"]["mean"] >= best else sel["best"]["step"]
+    assert train["selected_step"] == want
+    assert "--keep-best" in proc.stderr + proc.stdout
+
+
+def test_keep_best_needs_checkpoints(cli, tmp_path: Path) -> None:
+    proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--keep-best", "3", "--out", tmp_path / "x")
+    assert proc.returncode == 2 and "--checkpoint-every" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()
