@@ -260,6 +260,14 @@ def _order(r: Row) -> tuple[int, int]:
     return (fixed.get(r.variant, 10), -(r.bits or 0))
 
 
+def keeps_reward(s: dict[str, Any], fp32_lo: float, fp32_hi: float) -> bool:
+    """The gate of the acceptance list: within 2% of fp32, or inside fp32's own 95% interval."""
+    drop = s.get("drop_pct")
+    return bool(
+        (drop is not None and drop <= DRIFT_LIMIT_PCT) or (math.isfinite(fp32_lo) and s["mean"] >= fp32_lo)
+    )
+
+
 def summarize(rows: list[Row], cfg: StudyConfig) -> dict[str, Any]:
     by_policy: dict[str, dict[str, Row]] = {}
     for r in sorted(rows, key=_order):
@@ -279,14 +287,16 @@ def summarize(rows: list[Row], cfg: StudyConfig) -> dict[str, Any]:
             if s["policy"] == policy and s["variant"].startswith("w") and "drop_pct" in s
             and s["drop_pct"] <= DRIFT_LIMIT_PCT
         ]  # fmt: skip
-        int8 = {
-            s["variant"]: s.get("drop_pct")
-            for s in results
-            if s["policy"] == policy and s["variant"] in RUNTIME_VARIANTS
-        }
-        findings.append(
-            {"policy": policy, "sweet_spot_bits": min(ok_bits) if ok_bits else None, "drop_pct": int8}
-        )
+        runtime = [s for s in results if s["policy"] == policy and s["variant"] in RUNTIME_VARIANTS]
+        fp32 = by_policy[policy].get("fp32")
+        _, f_lo, f_hi = mean_ci95(fp32.returns) if fp32 and fp32.returns else (math.nan, math.nan, math.nan)
+        findings.append({
+            "policy": policy,
+            "sweet_spot_bits": min(ok_bits) if ok_bits else None,
+            "drop_pct": {s["variant"]: s.get("drop_pct") for s in runtime},
+            "keeps_reward": {s["variant"]: keeps_reward(s, f_lo, f_hi) for s in runtime if "mean" in s},
+            "fp32_ci95": [f_lo, f_hi],
+        })  # fmt: skip
     return {
         "format": "quarl-edge/study-ptq",
         "version": 1,
@@ -335,15 +345,21 @@ def markdown(study: dict[str, Any]) -> str:
     ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
     lines += ["", "## Sweet spot (fewest weight bits within 2% of fp32) and int8 drift", "",
-              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % |", "|---|---|---|---|---|"]  # fmt: skip
+              "keeps reward = drop ≤ 2% of |fp32 mean|, or the mean inside fp32's own 95% interval.", "",
+              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % | int8 keeps reward |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for f in study["findings"]:
         d = f["drop_pct"]
+        keeps = f.get("keeps_reward", {})
 
         def fmt(v: Any) -> str:
             return "-" if v is None else f"{v + 0.0:+.2f}"
 
+        verdict = ", ".join(
+            f"{v}: {'yes' if keeps[v] else 'NO'}" for v in ("onnx-int8", "tflite-int8") if v in keeps
+        )
         lines.append(f"| {f['policy']} | {f['sweet_spot_bits'] or '-'} | {fmt(d.get('onnx-int8'))} | "
-                     f"{fmt(d.get('tflite-int8'))} | {fmt(d.get('onnx-fp16'))} |")  # fmt: skip
+                     f"{fmt(d.get('tflite-int8'))} | {fmt(d.get('onnx-fp16'))} | {verdict or '-'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
