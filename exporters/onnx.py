@@ -49,6 +49,12 @@ def _toolchain(quantizer: str | None = None) -> dict[str, str]:
     return out
 
 
+def input_dtype(obs_space: Any) -> np.dtype:
+    """The graph's input type: uint8 frames stay uint8, every other observation is fed as float32
+    (float64 observations, e.g. MuJoCo's, are cast, as the runner does)."""
+    return np.dtype(np.uint8) if obs_space.dtype == "uint8" else np.dtype(np.float32)
+
+
 def export_fp32(ctx: ExportContext, path: Path) -> Path:
     """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch."""
     policy = ctx.policy
@@ -254,7 +260,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         ]
     after_last = _float_io_nodes(pre)[1:]  # tanh/unscale/argmax after the output layer stay float
     obs_space = ctx.policy.spec.observation_space
-    dummy = np.zeros((4, *obs_space.shape), dtype=np.dtype(obs_space.dtype))
+    dummy = np.zeros((4, *obs_space.shape), dtype=input_dtype(obs_space))
     per_channel = ctx.policy.arch.model == "nature_cnn"
     _quantize_qdq(
         pre,
@@ -325,7 +331,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     extra: dict[str, Any] = {}
     if cfg.calibration_method == "percentile":
         extra["CalibPercentile"] = cfg.percentile
-    dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
+    dtype = input_dtype(ctx.policy.spec.observation_space)
     _quantize_qdq(
         pre,
         path,
@@ -377,7 +383,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
         shutil.copyfile(fp32, pre)
     after_last = _float_io_nodes(pre)[1:]  # argmax / tanh / unscale after the output layer stay float
     per_channel = ctx.policy.arch.model == "nature_cnn"
-    dtype = np.dtype(ctx.policy.spec.observation_space.dtype)
+    dtype = input_dtype(ctx.policy.spec.observation_space)
     _quantize_qdq(
         pre,
         path,

@@ -389,9 +389,11 @@ def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
             ctx.policy.net, (_example(ctx.policy, 2),), dynamic_shapes=({0: batch},)
         )
         prepared = prepare_pt2e(program.module(), quantizer)
+        dtype = _example(ctx.policy).dtype  # float64 observations (MuJoCo) are fed as float32
         with torch.no_grad():
             for i in range(0, len(ctx.calibration), CALIBRATION_BATCH):
-                prepared(torch.as_tensor(np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])))
+                chunk = np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])
+                prepared(torch.as_tensor(chunk).to(dtype))
         return convert_pt2e(prepared, fold_quantize=False)
 
 

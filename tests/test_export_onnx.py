@@ -320,3 +320,23 @@ def test_unknown_calibration_method_is_refused() -> None:
     with pytest.raises(InputError, match="unknown calibration method 'kl'") as ei:
         ExportConfig(calibration_method="kl")
     assert "minmax, percentile, entropy" in str(ei.value)
+
+
+def test_float64_observations_calibrate_and_run_int8(tmp_path: Path) -> None:
+    """MuJoCo observations are float64; the graphs take float32: calibration and the runner cast."""
+    root = Path(__file__).resolve().parents[1]
+    policy = load_checkpoint(root / "quarl_edge/assets/policies/halfcheetah-td3")
+    calib = root / "calibration_data/halfcheetah-td3.npz"
+    trace = load_trace(calib)
+    assert policy.spec.observation_space.dtype == "float64" and trace.obs.dtype == np.float64
+    export_bundle(policy, BundleRequest(out=tmp_path / "b", targets=("onnx-fp32", "onnx-int8", "tflite-int8"),
+                                        calibration=calib))  # fmt: skip
+    manifest = load_manifest(tmp_path / "b")
+    assert {"onnx-int8", "tflite-int8"} <= {m.name for m in manifest.models}
+    obs = trace.obs[:200]
+    want = policy.predict(obs.astype(np.float32))
+    for name in ("onnx-int8", "tflite-int8"):
+        runner = PolicyRunner(tmp_path / "b", name, threads=1)
+        got = np.stack([runner.act(o) for o in obs])
+        assert got.shape == want.shape
+        assert np.abs(got - want).mean() < 0.1, name  # int8 actions track fp32 on the recorded states

@@ -229,8 +229,9 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                     progress(f"export {entry.name}")
                 try:
                     bundle, skipped = _export(entry, Path(work))
-                except QuarlError as e:
-                    bundle, skipped = None, {v: f"export failed: {e}" for v in RUNTIME_VARIANTS}
+                except Exception as e:  # noqa: BLE001 - one policy's export failure must not end the study
+                    msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
+                    bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
                 for variant, bits in [("fp32", None), ("random", None)] + [
                     (f"w{b}", b) for b in cfg.bit_list
                 ]:
