@@ -463,6 +463,13 @@ def study_ptq(
     episodes: Annotated[int | None, typer.Option("--episodes", help="paired episodes per variant")] = None,
     bits: Annotated[str | None, typer.Option("--bits", help="weight-only bit widths, e.g. 2,3,4,8")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated zoo names")] = None,
+    confirm_episodes: Annotated[
+        int | None,
+        typer.Option(
+            "--confirm-episodes",
+            help="more paired episodes to re-check an int8 gate failure (default: 0 quick, 100 paper)",
+        ),  # fmt: skip
+    ] = None,
     address: Annotated[
         str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")
     ] = None,
@@ -477,7 +484,8 @@ def study_ptq(
 
     bit_list = _parse_bits(bits)
     cfg = StudyConfig(suite=suite, episodes=episodes, bits=bit_list, address=address, out=out,
-                      policies=tuple(policies.split(",")) if policies else None)  # fmt: skip
+                      policies=tuple(policies.split(",")) if policies else None,
+                      confirm_episodes=confirm_episodes)  # fmt: skip
     study = run_study(cfg, progress=info)
     _show_study(study, write_outputs(study, out), as_json, f"PTQ study ({suite})", STUDY_COLUMNS, table_rows)
 

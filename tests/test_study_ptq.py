@@ -61,3 +61,39 @@ def test_bad_study_options_are_user_errors() -> None:
         StudyConfig(suite="huge")
     with pytest.raises(InputError):
         StudyConfig(bits=(1, 8))
+
+
+def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NO from the first episodes is re-run, for real, on more paired seeds and reported beside it."""
+    import ray
+
+    from quarl_edge.study.ptq import _confirm, _export, evaluate_task, markdown
+    from quarl_edge.zoo import suite
+
+    entry = next(e for e in suite("quick") if e.name == "cartpole-ppo")
+    _export(entry, tmp_path)
+    # first pass as if onnx-int8 had lost reward on 3 episodes (cartpole-ppo really scores 500)
+    rows = [Row("cartpole-ppo", "CartPole-v1", "ppo", "fp32", None, returns=[500.0] * 3),
+            Row("cartpole-ppo", "CartPole-v1", "ppo", "onnx-int8", 8, returns=[100.0] * 3),
+            Row("cartpole-ppo", "CartPole-v1", "ppo", "tflite-int8", 8, returns=[500.0] * 3)]  # fmt: skip
+    cfg = StudyConfig(suite="quick", episodes=3, confirm_episodes=2)
+    assert cfg.confirm_seeds == [cfg.seed + 3, cfg.seed + 4]
+    with tempfile.TemporaryDirectory(prefix="qc", dir="/tmp") as d:
+        monkeypatch.setenv("RAY_TMPDIR", d)
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            conf = _confirm(rows, cfg, ray.remote(num_cpus=1)(evaluate_task), tmp_path, None)
+        finally:
+            ray.shutdown()
+    assert [(c["policy"], c["variant"]) for c in conf] == [("cartpole-ppo", "onnx-int8")]  # only the failure
+    c = conf[0]
+    assert c["episodes"] == 5 and c["fp32_mean"] == 500.0
+    assert c["mean"] == pytest.approx((3 * 100 + 2 * 500) / 5)  # the 2 fresh episodes really ran: 500 each
+    assert c["keeps_reward"] is False
+    study = summarize(rows, cfg, conf)
+    finding = study["findings"][0]
+    assert finding["keeps_reward"] == {"onnx-int8": False, "tflite-int8": True}
+    assert "onnx-int8" in finding["confirmed"] and study["confirm_episodes"] == 2
+    assert "onnx-int8: NO on 3 eps, NO on 5" in markdown(study)
