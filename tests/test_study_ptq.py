@@ -39,6 +39,13 @@ def test_quick_suite_writes_tables_and_plots(tmp_path: Path) -> None:
     drops = {(r["policy"], r["variant"]): r.get("drop_pct") for r in study["results"]}
     assert drops[("cartpole-ppo", "onnx-int8")] <= 2.0 and drops[("pendulum-sac", "onnx-int8")] <= 2.0
     assert drops[("cartpole-ppo", "w8")] <= 2.0
+    # fidelity on recorded states: greedy-action agreement (discrete), action error % of range (continuous)
+    res = {(r["policy"], r["variant"]): r for r in study["results"]}
+    assert 90.0 <= res[("cartpole-ppo", "onnx-int8")]["agreement_pct"] <= 100.0
+    assert res[("cartpole-ppo", "onnx-fp16")]["agreement_pct"] >= res[("cartpole-ppo", "w2")]["agreement_pct"]
+    assert 0.0 <= res[("pendulum-sac", "onnx-int8")]["action_err_pct"] < 5.0
+    assert res[("pendulum-sac", "w2")]["action_err_pct"] > res[("pendulum-sac", "w8")]["action_err_pct"]
+    assert "agreement_pct" not in res[("cartpole-ppo", "random")]
     rows = list(csv.DictReader((out / "ptq.csv").open()))
     assert len(rows) == len(study["results"])
     assert "| policy | variant |" in (out / "ptq.md").read_text()

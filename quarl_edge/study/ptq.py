@@ -91,14 +91,32 @@ class Row:
     bits: int | None
     returns: list[float] = field(default_factory=list)
     skipped: str | None = None
+    actions: np.ndarray | None = None
+    """actions on the policy's recorded calibration states (for the fidelity column)"""
+    action_range: float | None = None
+    """mean width of the action bounds (continuous actions); None for discrete"""
 
-    def summary(self, fp32: list[float] | None, rand: list[float] | None) -> dict[str, Any]:
+    def fidelity(self, ref: np.ndarray | None) -> dict[str, float]:
+        """Discrete: share of recorded states where the greedy action equals fp32's. Continuous: mean
+        |action - fp32 action| in % of the action range."""
+        if ref is None or self.actions is None or np.shape(ref) != np.shape(self.actions):
+            return {}
+        if self.action_range is None:
+            return {"agreement_pct": 100.0 * float(np.mean(self.actions == ref))}
+        err = float(np.mean(np.abs(self.actions.astype(np.float64) - ref)))
+        return {"action_err_pct": 100.0 * err / self.action_range}
+
+    def summary(
+        self, fp32: list[float] | None, rand: list[float] | None, ref_actions: np.ndarray | None = None
+    ) -> dict[str, Any]:
         d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
                              "bits": self.bits, "skipped": self.skipped}  # fmt: skip
         if self.skipped or not self.returns:
             return d
         m, s = mean_std(self.returns)
         d.update(mean=m, std=s, episodes=len(self.returns), returns=self.returns)
+        if self.variant != "fp32":
+            d.update(self.fidelity(ref_actions))
         if fp32:
             f_mean = float(np.mean(fp32))
             diffs = [b - a for a, b in zip(fp32, self.returns, strict=True)]
@@ -152,12 +170,50 @@ def _returns_runtime(bundle: str, model: str, seeds: list[int]) -> list[float]:
     return [e.ret for e in runner.episodes(seeds)]
 
 
-def evaluate_task(kind: str, target: str, variant: str, bits: int | None, seeds: list[int]) -> dict[str, Any]:
-    """One evaluation; returns {"returns": [...]} or {"skipped": reason}. Never raises for user errors."""
+FIDELITY_STATES = 1000  # recorded calibration states on which each variant's actions are compared with fp32's
+
+
+def _trace_obs(path: str) -> np.ndarray:
+    from quarl_edge.runtimes.trace import load_trace
+
+    obs = load_trace(path).obs
+    idx = np.linspace(0, len(obs) - 1, min(FIDELITY_STATES, len(obs))).astype(int)
+    return obs[idx]
+
+
+def _actions(kind: str, target: str, variant: str, bits: int | None, trace: str) -> np.ndarray | None:
+    """The variant's actions on the recorded states (None for the random policy)."""
+    obs = _trace_obs(trace)
+    if variant == "random":
+        return None
+    if kind == "torch":
+        from quarl_edge.policies import load_checkpoint
+        from quarl_edge.quant import quantize_weights
+
+        policy = load_checkpoint(target)
+        if bits is not None:
+            policy = quantize_weights(policy, bits)
+        x = obs if obs.dtype == np.uint8 else obs.astype(np.float32)
+        return np.concatenate([policy.predict(x[i : i + 256]) for i in range(0, len(x), 256)])
+    from quarl_edge.runtimes.runner import PolicyRunner
+
+    runner = PolicyRunner(target, variant, threads=1)
+    return np.stack([np.asarray(runner.act(o)) for o in obs])
+
+
+def evaluate_task(
+    kind: str, target: str, variant: str, bits: int | None, seeds: list[int], trace: str | None = None
+) -> dict[str, Any]:
+    """One evaluation; returns {"returns": [...], "actions": ...} or {"skipped": reason}.
+    Never raises for user errors."""
     try:
         if kind == "torch":
-            return {"returns": _returns_torch(target, variant, bits, seeds)}
-        return {"returns": _returns_runtime(target, variant, seeds)}
+            out: dict[str, Any] = {"returns": _returns_torch(target, variant, bits, seeds)}
+        else:
+            out = {"returns": _returns_runtime(target, variant, seeds)}
+        if trace is not None:
+            out["actions"] = _actions(kind, target, variant, bits, trace)
+        return out
     except QuarlError as e:
         return {"skipped": str(e)}
     except ImportError as e:
@@ -187,6 +243,19 @@ def _export(entry: ZooEntry, work: Path) -> tuple[Path | None, dict[str, str]]:
         load_checkpoint(entry.path), BundleRequest(out=out, targets=tuple(targets), calibration=calib)
     )
     return out, skipped
+
+
+def _action_range(entry: ZooEntry) -> float | None:
+    """Mean width of the policy's action bounds; None for discrete actions (or an unreadable entry)."""
+    try:
+        space = json.loads((entry.path / "policy.json").read_text())["spec"]["action_space"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if space.get("kind") == "discrete":
+        return None
+    low, high = np.broadcast_arrays(np.asarray(space["low"], float), np.asarray(space["high"], float))
+    width = high - low
+    return float(np.mean(width[np.isfinite(width)])) if np.isfinite(width).any() else 1.0
 
 
 def _check_entry(entry: ZooEntry) -> str | None:
@@ -232,7 +301,7 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
             for entry in entries:
 
                 def row(variant: str, bits: int | None = None, e: ZooEntry = entry) -> Row:
-                    return Row(e.name, e.env, e.algo, variant, bits)
+                    return Row(e.name, e.env, e.algo, variant, bits, action_range=_action_range(e))
 
                 reason = _check_entry(entry)
                 if reason:
@@ -247,21 +316,26 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                 except Exception as e:  # noqa: BLE001 - one policy's export failure must not end the study
                     msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
                     bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
+                trace = str(entry.calibration) if entry.calibration.is_file() else None
                 for variant, bits in [("fp32", None), ("random", None)] + [
                     (f"w{b}", b) for b in cfg.bit_list
                 ]:
                     r = row(variant, bits)
-                    pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds)))
+                    pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds, trace)))
                 for v in RUNTIME_VARIANTS:
                     r = row(v, 16 if v.endswith("fp16") else 8)
                     if v in skipped or bundle is None:
                         r.skipped = skipped.get(v, "export failed")
                         rows.append(r)
                     else:
-                        pending.append((r, task.remote("runtime", str(bundle), v, None, seeds)))
+                        pending.append((r, task.remote("runtime", str(bundle), v, None, seeds, trace)))
             for i, (r, ref) in enumerate(pending):
                 res = ray.get(ref)
-                r.returns, r.skipped = res.get("returns", []), res.get("skipped")
+                r.returns, r.skipped, r.actions = (
+                    res.get("returns", []),
+                    res.get("skipped"),
+                    res.get("actions"),
+                )
                 rows.append(r)
                 if progress:
                     progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
@@ -275,7 +349,7 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
 def _confirm(
     rows: list[Row], cfg: StudyConfig, task: Any, work: Path, progress: Callable[[str], None] | None
 ) -> list[dict[str, Any]]:
-    """Re-check each int8 gate failure on ``cfg.confirm_seeds`` more paired episodes (fp32 and the
+    """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more paired episodes (fp32 and the
     variant): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
     fp32's own reasons. The verdict on all episodes together is reported next to the first one."""
     import ray
@@ -297,7 +371,7 @@ def _confirm(
             refs[(policy, "fp32")] = task.remote("torch", str(zoo[policy].path), "fp32", None, extra)
         refs[(policy, variant)] = task.remote("runtime", str(work / policy), variant, None, extra)
     if progress:
-        progress(f"confirming {len(failing)} int8 gate failure(s) on {len(extra)} more episodes each")
+        progress(f"re-checking {len(failing)} gate failure(s) on {len(extra)} more episodes each")
     more = {k: ray.get(ref) for k, ref in refs.items()}
     out = []
     for policy, variant in failing:
@@ -339,8 +413,9 @@ def summarize(
         rand = variants.get("random")
         ref = fp32.returns if fp32 and not fp32.skipped else None
         rnd = rand.returns if rand and not rand.skipped else None
+        ref_actions = fp32.actions if fp32 and not fp32.skipped else None
         for r in variants.values():
-            results.append(r.summary(ref if r.variant != "fp32" else None, rnd))
+            results.append(r.summary(ref if r.variant != "fp32" else None, rnd, ref_actions))
     findings = []
     for policy in by_policy:
         ok_bits = [
@@ -375,14 +450,22 @@ def summarize(
 
 # ---- outputs ------------------------------------------------------------------------------------------
 
-COLUMNS = ("policy", "variant", "mean", "std", "drop %", "drop 95% CI", "normalized", "note")
+COLUMNS = ("policy", "variant", "mean", "std", "drop %", "drop 95% CI", "normalized", "fidelity", "note")
+
+
+def _fidelity_text(s: dict[str, Any]) -> str:
+    if s.get("agreement_pct") is not None:
+        return f"agree {s['agreement_pct']:.1f}%"
+    if s.get("action_err_pct") is not None:
+        return f"err {s['action_err_pct']:.2f}%"
+    return ""
 
 
 def table_rows(study: dict[str, Any]) -> list[list[str]]:
     rows = []
     for s in study["results"]:
         if s.get("skipped"):
-            rows.append([s["policy"], s["variant"], "-", "-", "-", "-", "-", f"skipped: {s['skipped']}"])
+            rows.append([s["policy"], s["variant"], "-", "-", "-", "-", "-", "-", f"skipped: {s['skipped']}"])
             continue
         ci = s.get("drop_ci95_pct")
         rows.append([
@@ -390,6 +473,7 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
             "ref" if s["variant"] == "fp32" else f"{s.get('drop_pct', math.nan) + 0.0:+.2f}",
             f"[{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}]" if ci and all(map(math.isfinite, ci)) else "",
             f"{s['normalized']:.3f}" if s.get("normalized") is not None and math.isfinite(s["normalized"]) else "",
+            _fidelity_text(s),
             "",
         ])  # fmt: skip
     return rows
@@ -401,7 +485,8 @@ def markdown(study: dict[str, Any]) -> str:
         "",
         f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}); "
         "drop = mean paired return change vs fp32 in % of |fp32 mean| (negative = better); "
-        "normalized = (R - R_random) / (R_fp32 - R_random).",
+        "normalized = (R - R_random) / (R_fp32 - R_random); fidelity = on the policy's recorded states, the share "
+        "of greedy actions equal to fp32's (discrete) or the mean action error in % of the action range (continuous).",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -411,7 +496,7 @@ def markdown(study: dict[str, Any]) -> str:
               "keeps reward = drop ≤ 2% of |fp32 mean|, or the mean inside fp32's own 95% interval. "
               f"A NO is re-checked on {study.get('confirm_episodes', 0)} more paired episodes (fp32 and the variant, "
               "fresh seeds) and the verdict on all of them is shown beside it.", "",
-              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % | int8 keeps reward |",
+              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % | keeps reward |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for f in study["findings"]:
         d = f["drop_pct"]
@@ -429,7 +514,7 @@ def markdown(study: dict[str, Any]) -> str:
             return (f"{v}: NO on {study['episodes']} eps, {'yes' if c['keeps_reward'] else 'NO'} on {c['episodes']} "
                     f"({c['drop_pct'] + 0.0:+.2f}%)")  # fmt: skip
 
-        verdict = ", ".join(say(v) for v in ("onnx-int8", "tflite-int8") if v in keeps)
+        verdict = ", ".join(say(v) for v in RUNTIME_VARIANTS if v in keeps)
         lines.append(f"| {f['policy']} | {f['sweet_spot_bits'] or '-'} | {fmt(d.get('onnx-int8'))} | "
                      f"{fmt(d.get('tflite-int8'))} | {fmt(d.get('onnx-fp16'))} | {verdict or '-'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -457,12 +542,15 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
             "episodes",
             "drop_pct",
             "normalized",
+            "agreement_pct",
+            "action_err_pct",
             "skipped",
         ]
     )
     for s in study["results"]:
         w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
-                    s.get("episodes"), s.get("drop_pct"), s.get("normalized"), s.get("skipped") or ""])  # fmt: skip
+                    s.get("episodes"), s.get("drop_pct"), s.get("normalized"), s.get("agreement_pct"),
+                    s.get("action_err_pct"), s.get("skipped") or ""])  # fmt: skip
     atomic_write_text(out / "ptq.csv", buf.getvalue())
     pngs = [
         plot_reward_vs_bits(study, out / "ptq_reward_vs_bits.png"),
