@@ -104,3 +104,12 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
     assert finding["keeps_reward"] == {"onnx-int8": False, "tflite-int8": True}
     assert "onnx-int8" in finding["confirmed"] and study["confirm_episodes"] == 2
     assert "onnx-int8: NO on 3 eps, NO on 5" in markdown(study)
+
+
+def test_sweet_spot_is_the_lowest_width_of_the_unbroken_run_from_8_bits() -> None:
+    from quarl_edge.study.ptq import sweet_spot
+
+    assert sweet_spot({8: True, 7: True, 6: True, 5: False, 4: True, 3: False, 2: True}) == 6  # lucky 4 and 2
+    assert sweet_spot({8: False, 7: True, 4: True}) is None
+    assert sweet_spot({8: True, 4: True, 2: True}) == 2
+    assert sweet_spot({}) is None

@@ -393,6 +393,17 @@ def _order(r: Row) -> tuple[int, int]:
     return (fixed.get(r.variant, 10), -(r.bits or 0))
 
 
+def sweet_spot(ok: dict[int, bool]) -> int | None:
+    """Fewest weight bits such that every width from there up keeps reward (within 2% of fp32);
+    None when the widest one tried already does not. A lucky pass below a failure does not count."""
+    best = None
+    for bits in sorted(ok, reverse=True):
+        if not ok[bits]:
+            break
+        best = bits
+    return best
+
+
 def keeps_reward(s: dict[str, Any], fp32_lo: float, fp32_hi: float) -> bool:
     """The gate of the acceptance list: within 2% of fp32, or inside fp32's own 95% interval."""
     drop = s.get("drop_pct")
@@ -418,17 +429,17 @@ def summarize(
             results.append(r.summary(ref if r.variant != "fp32" else None, rnd, ref_actions))
     findings = []
     for policy in by_policy:
-        ok_bits = [
-            s["bits"] for s in results
+        ok = {
+            s["bits"]: s["drop_pct"] <= DRIFT_LIMIT_PCT for s in results
             if s["policy"] == policy and s["variant"].startswith("w") and "drop_pct" in s
-            and s["drop_pct"] <= DRIFT_LIMIT_PCT
-        ]  # fmt: skip
+        }  # fmt: skip
         runtime = [s for s in results if s["policy"] == policy and s["variant"] in RUNTIME_VARIANTS]
         fp32 = by_policy[policy].get("fp32")
         _, f_lo, f_hi = mean_ci95(fp32.returns) if fp32 and fp32.returns else (math.nan, math.nan, math.nan)
         findings.append({
             "policy": policy,
-            "sweet_spot_bits": min(ok_bits) if ok_bits else None,
+            "sweet_spot_bits": sweet_spot(ok),
+            "weight_bits_ok": {str(b): v for b, v in sorted(ok.items())},
             "drop_pct": {s["variant"]: s.get("drop_pct") for s in runtime},
             "keeps_reward": {s["variant"]: keeps_reward(s, f_lo, f_hi) for s in runtime if "mean" in s},
             "fp32_ci95": [f_lo, f_hi],
@@ -493,6 +504,7 @@ def markdown(study: dict[str, Any]) -> str:
     ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
     lines += ["", "## Sweet spot (fewest weight bits within 2% of fp32) and int8 drift", "",
+              "sweet spot = fewest weight-only bits such that every width from there up to 8 keeps reward within 2%.", "",
               "keeps reward = drop ≤ 2% of |fp32 mean|, or the mean inside fp32's own 95% interval. "
               f"A NO is re-checked on {study.get('confirm_episodes', 0)} more paired episodes (fp32 and the variant, "
               "fresh seeds) and the verdict on all of them is shown beside it.", "",
