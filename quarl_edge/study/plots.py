@@ -26,7 +26,7 @@ def plot_reward_vs_bits(study: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 5))
     by_policy: dict[str, list[tuple[int, float]]] = {}
     for s in study["results"]:
         if (
@@ -35,9 +35,12 @@ def plot_reward_vs_bits(study: dict[str, Any], path: Path) -> Path:
             and math.isfinite(s["normalized"])
         ):
             by_policy.setdefault(s["policy"], []).append((s["bits"], s["normalized"]))
-    for policy, pts in sorted(by_policy.items()):
-        pts.sort()
-        ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=policy)
+    colors = plt.get_cmap("tab20").colors
+    markers = "osD^vP*Xh<>p"
+    for i, (policy, pts) in enumerate(sorted(by_policy.items())):
+        pts.sort()  # distinct colour and marker per policy, beyond ten policies too
+        ax.plot([b for b, _ in pts], [v for _, v in pts], marker=markers[i % len(markers)],
+                color=colors[(2 * i) % 20 + (i // 10) % 2], label=policy)  # fmt: skip
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="fp32 reference")
     ax.axhline(0.98, color="grey", linestyle=":", linewidth=1, label="2% below fp32")
     ax.set_xlabel("weight bits (uniform, symmetric; per-channel for conv)")
@@ -46,7 +49,7 @@ def plot_reward_vs_bits(study: dict[str, Any], path: Path) -> Path:
         f"Weight-only PTQ: reward vs bits ({study['suite']} suite, {study['episodes']} paired episodes)"
     )
     ax.set_xticks(study["bits"])
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: lines stay visible
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
