@@ -101,8 +101,15 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
 
     fp32 = export_fp32(ctx, ctx.workdir / "fp16-src.fp32.onnx")
     model = onnx.load(str(fp32))
-    # ArgMax on fp16 is fine, but keep index-producing and range ops in fp32 for exactness
-    model16 = float16.convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    # Casts *to* float32 (the uint8 frame -> float of CNN policies) stay float32 with a cast to fp16
+    # after them: the converter retypes their output to fp16 but keeps `to=FLOAT`, an invalid graph.
+    to_float = [
+        n.name for n in model.graph.node
+        if n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT for a in n.attribute)
+    ]  # fmt: skip
+    model16 = float16.convert_float_to_float16(
+        model, keep_io_types=True, disable_shape_infer=False, node_block_list=to_float
+    )
     onnx.save(model16, str(path))
     from importlib.metadata import version
 

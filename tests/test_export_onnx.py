@@ -145,7 +145,8 @@ def pong_cnn(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     out = tmp_path_factory.mktemp("pong")
     calib = save_trace(trace, out / "pong.npz")
     export_bundle(
-        policy, BundleRequest(out=out / "bundle", targets=("onnx-fp32", "onnx-int8"), calibration=calib)
+        policy,
+        BundleRequest(out=out / "bundle", targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=calib),
     )
     return Exported(out / "bundle", policy, trace)
 
@@ -243,6 +244,17 @@ def test_fp16_keeps_float32_io(which: str, request: pytest.FixtureRequest) -> No
     assert _float_weight_types(ex.bundle / fp16.file) == {TensorProto.FLOAT16}  # weights really are fp16
     assert fp16.io["inputs"][0]["dtype"] == "float32"
     assert fp16.size_bytes < fp32.size_bytes
+
+
+def test_fp16_pong_cnn_keeps_uint8_input_and_matches_fp32(pong_cnn: Exported) -> None:
+    """The uint8 frame -> float cast stays a valid float32 cast (the converter used to retype it)."""
+    fp16 = pong_cnn.entry("onnx-fp16")
+    ins16, _ = _io_types(pong_cnn.bundle / fp16.file)
+    assert ins16 == [TensorProto.UINT8]
+    assert TensorProto.FLOAT16 in _float_weight_types(pong_cnn.bundle / fp16.file)
+    a32 = replay(pong_cnn.bundle, "onnx-fp32", pong_cnn.trace)
+    a16 = replay(pong_cnn.bundle, "onnx-fp16", pong_cnn.trace)  # loads and runs in onnxruntime
+    assert (a16 == a32).mean() >= 0.95
 
 
 def test_fp16_cartpole_matches_fp32_on_the_trace(cartpole: Exported) -> None:
