@@ -35,7 +35,7 @@ def plot_reward_vs_bits(study: dict[str, Any], path: Path) -> Path:
             and math.isfinite(s["normalized"])
         ):
             by_policy.setdefault(s["policy"], []).append((s["bits"], s["normalized"]))
-    colors = plt.get_cmap("tab20").colors
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]
     markers = "osD^vP*Xh<>p"
     for i, (policy, pts) in enumerate(sorted(by_policy.items())):
         pts.sort()  # distinct colour and marker per policy, beyond ten policies too
