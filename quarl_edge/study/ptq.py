@@ -299,9 +299,12 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
         try:
             task = ray.remote(num_cpus=1)(evaluate_task)
             for entry in entries:
+                act_range = _action_range(entry)  # read once per policy
 
-                def row(variant: str, bits: int | None = None, e: ZooEntry = entry) -> Row:
-                    return Row(e.name, e.env, e.algo, variant, bits, action_range=_action_range(e))
+                def row(
+                    variant: str, bits: int | None = None, e: ZooEntry = entry, ar: float | None = act_range
+                ) -> Row:
+                    return Row(e.name, e.env, e.algo, variant, bits, action_range=ar)
 
                 reason = _check_entry(entry)
                 if reason:
@@ -349,8 +352,8 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
 def _confirm(
     rows: list[Row], cfg: StudyConfig, task: Any, work: Path, progress: Callable[[str], None] | None
 ) -> list[dict[str, Any]]:
-    """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more paired episodes (fp32 and the
-    variant): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
+    """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more
+    paired episodes (fp32 and the variant): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
     fp32's own reasons. The verdict on all episodes together is reported next to the first one."""
     import ray
 
