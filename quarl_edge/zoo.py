@@ -65,22 +65,14 @@ def suite(name: str, index: Path = INDEX) -> list[ZooEntry]:
     return [e for e in entries if name in e.suites]
 
 
-def train_command(
-    env: str,
-    algo: str,
-    steps: int,
-    seed: int,
-    name: str,
-    qat: dict[str, Any] | None,
-    train: dict[str, Any] | None = None,
-) -> str:
+def train_command(env: str, algo: str, steps: int, seed: int, name: str, train: dict[str, Any]) -> str:
+    """The `quarl-edge train` command that reproduces a run, from its recorded train info."""
     cmd = f"quarl-edge train --env {env} --algo {algo} --steps {steps} --seed {seed} --eval-episodes 20"
-    train = train or {}
     if train.get("checkpoint_every"):
         cmd += f" --checkpoint-every {train['checkpoint_every']}"
     if train.get("keep_best"):
         cmd += f" --keep-best {train['keep_best']}"
-    if qat:
+    if qat := train.get("qat"):
         cmd += f" --qat-bits {qat['bits']} --quant-delay {qat['delay']}"
     return cmd + f" --out {name}"
 
@@ -135,7 +127,7 @@ def add(
         name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model,
         steps=int(train.get("selected_step", train["steps"])),
         seed=int(train.get("seed", 0)), train_command=train_command(policy.spec.env.id, policy.spec.algo, steps,
-                                                                     int(train.get("seed", 0)), name, train.get("qat"), train),
+                                                                     int(train.get("seed", 0)), name, train),
         fp32_return_mean=round(mean, 2), fp32_return_std=round(std, 2), fp32_episodes=episodes, suites=tuple(suites),
     )  # fmt: skip
     save_checkpoint(policy, index.parent / name)  # atomic: the folder appears complete or not at all
