@@ -410,17 +410,20 @@ def _show_study(study, files, as_json, title, columns, table_rows) -> None:  # t
     info("wrote " + ", ".join(str(f) for f in files))
 
 
+ZooOpt = Annotated[
+    Path | None, typer.Option("--zoo", help="a zoo folder of your own (default: the built-in zoo)")
+]
 zoo_app = typer.Typer(help="The policy zoo: trained fp32 policies the studies run on.", no_args_is_help=True)
 app.add_typer(zoo_app, name="zoo")
 
 
 @zoo_app.command("list")
 @handle_errors
-def zoo_list(as_json: JsonOpt = False) -> None:
+def zoo_list(zoo: ZooOpt = None, as_json: JsonOpt = False) -> None:
     """The zoo's policies: env, algorithm, steps, fp32 return, suites, and whether the files are here."""
     from quarl_edge.zoo import load_zoo
 
-    entries = load_zoo()
+    entries = load_zoo(zoo)
     if as_json:
         print_json([{**e.to_dict(), "present": (e.path / "policy.json").is_file()} for e in entries])
         return
@@ -439,12 +442,13 @@ def zoo_add(
     max_samples: Annotated[
         int | None, typer.Option("--max-samples", help="calibration samples (default 5000; images 1000)")
     ] = None,
+    zoo: ZooOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained policy, record its calibration rollouts and index it in the zoo."""
     from quarl_edge.zoo import add
 
-    entry = add(policy, name, tuple(suite or ["paper"]), episodes, max_samples, progress=info)
+    entry = add(policy, name, tuple(suite or ["paper"]), episodes, max_samples, zoo=zoo, progress=info)
     if as_json:
         print_json(entry.to_dict())
         return
@@ -476,6 +480,7 @@ def study_ptq(
     out: Annotated[Path, typer.Option("--out", help="folder for ptq.md/.csv/.json and PNG plots")] = Path(
         "out/study-ptq"
     ),
+    zoo: ZooOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """PTQ of every zoo policy: fp32, fp16, int8 ONNX/TFLite and weight-only 2..8 bits, same seeds."""
@@ -485,7 +490,7 @@ def study_ptq(
     bit_list = _parse_bits(bits)
     cfg = StudyConfig(suite=suite, episodes=episodes, bits=bit_list, address=address, out=out,
                       policies=tuple(policies.split(",")) if policies else None,
-                      confirm_episodes=confirm_episodes)  # fmt: skip
+                      confirm_episodes=confirm_episodes, zoo=zoo)  # fmt: skip
     study = run_study(cfg, progress=info)
     _show_study(study, write_outputs(study, out), as_json, f"PTQ study ({suite})", STUDY_COLUMNS, table_rows)
 

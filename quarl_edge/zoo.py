@@ -2,12 +2,15 @@
 
 Each entry names its environment, algorithm, model, the exact train command, steps, seed and the fp32
 return (mean ± std over at least 20 deterministic episodes), plus its calibration rollouts.
+
+A user's own zoo is a folder with the same layout: DIR/zoo.json, DIR/<name>/ (checkpoints) and
+DIR/calibration/<name>.npz; `quarl-edge zoo add --zoo DIR` creates it, `study ptq --zoo DIR` runs on it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,38 +34,78 @@ class ZooEntry:
     fp32_return_std: float
     fp32_episodes: int
     suites: tuple[str, ...] = ("paper",)
+    root: Path = field(default=POLICIES, compare=False, repr=False)
+    """the folder that holds this entry's checkpoint folder (the zoo's own folder)"""
+    calibration_root: Path = field(default=CALIBRATION, compare=False, repr=False)
 
     @property
     def path(self) -> Path:
-        return POLICIES / self.name
+        return self.root / self.name
 
     @property
     def calibration(self) -> Path:
-        return CALIBRATION / f"{self.name}.npz"
+        return self.calibration_root / f"{self.name}.npz"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["root"], d["calibration_root"]
         d["suites"] = list(self.suites)
         return d
 
 
-def load_zoo(index: Path = INDEX) -> list[ZooEntry]:
+@dataclass(frozen=True)
+class ZooDir:
+    """Where a zoo's index, checkpoints and calibration rollouts live."""
+
+    index: Path
+    calibration: Path
+
+    @classmethod
+    def of(cls, zoo: Path | None) -> ZooDir:
+        """The built-in zoo for None, else the user zoo in folder ``zoo``."""
+        if zoo is None:
+            return cls(INDEX, CALIBRATION)
+        return cls(zoo / "zoo.json", zoo / "calibration")
+
+    @property
+    def builtin(self) -> bool:
+        return self.index == INDEX
+
+
+def load_zoo(zoo: Path | None = None) -> list[ZooEntry]:
+    where = ZooDir.of(zoo)
+    index = where.index
     if not index.is_file():
+        if where.builtin:
+            raise InputError(
+                f"zoo index {str(index)!r} is missing", "reinstall quarl-edge or restore the file from git"
+            )
         raise InputError(
-            f"zoo index {str(index)!r} is missing", "reinstall quarl-edge or restore the file from git"
+            f"no zoo at {str(zoo)!r} (no zoo.json)", "create one with `quarl-edge zoo add --zoo DIR ...`"
         )
     try:
         data = json.loads(index.read_text())
-        return [ZooEntry(**{**e, "suites": tuple(e.get("suites", ["paper"]))}) for e in data["policies"]]
+        return [
+            ZooEntry(
+                **{**e, "suites": tuple(e.get("suites", ["paper"]))},
+                root=index.parent,
+                calibration_root=where.calibration,
+            )
+            for e in data["policies"]
+        ]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise InputError(f"zoo index {str(index)!r} is malformed ({e})", "restore it from git") from None
+        fix = (
+            "restore it from git"
+            if where.builtin
+            else "fix or delete it, then `quarl-edge zoo add --zoo DIR ...`"
+        )
+        raise InputError(f"zoo index {str(index)!r} is malformed ({e})", fix) from None
 
 
-def suite(name: str, index: Path = INDEX) -> list[ZooEntry]:
-    entries = load_zoo(index)
+def suite(name: str, zoo: Path | None = None) -> list[ZooEntry]:
     if name not in ("quick", "paper"):
         raise InputError(f"unknown suite {name!r}", "choose quick or paper")
-    return [e for e in entries if name in e.suites]
+    return [e for e in load_zoo(zoo) if name in e.suites]
 
 
 def train_command(env: str, algo: str, steps: int, seed: int, name: str, train: dict[str, Any]) -> str:
@@ -83,13 +126,13 @@ def add(
     suites: tuple[str, ...] = ("paper",),
     episodes: int = 20,
     max_samples: int | None = None,
-    index: Path = INDEX,
-    calibration_dir: Path = CALIBRATION,
+    zoo: Path | None = None,
     progress: Any = None,
 ) -> ZooEntry:
-    """Put a finished `quarl-edge train` checkpoint into the zoo: evaluate the fp32 return over
-    ``episodes`` deterministic episodes, record its calibration rollouts, copy the checkpoint into
-    assets/policies/<name>/ and index it in zoo.json (an entry of the same name is replaced)."""
+    """Put a finished `quarl-edge train` checkpoint into a zoo (the built-in one, or the folder ``zoo``,
+    created if new): evaluate the fp32 return over ``episodes`` deterministic episodes, record its
+    calibration rollouts, copy the checkpoint next to zoo.json and index it there (an entry of the same
+    name is replaced)."""
     import dataclasses
     import re
 
@@ -101,6 +144,10 @@ def add(
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
         raise InputError(f"zoo name {name!r} is not a plain lowercase name", "e.g. --name halfcheetah-td3")
+    if zoo is not None and name == "calibration":
+        raise InputError(
+            "the zoo name 'calibration' is taken by the zoo's calibration folder", "pick another --name"
+        )
     for s in suites:
         if s not in ("quick", "paper"):
             raise InputError(f"unknown suite {s!r}", "choose quick and/or paper")
@@ -114,6 +161,12 @@ def add(
             f"{str(policy_dir)!r} is not a finished `quarl-edge train` run",
             "finish it (`quarl-edge train ... --resume`) and add the final checkpoint",
         )
+    where = ZooDir.of(zoo)
+    if zoo is not None and zoo.exists() and not zoo.is_dir():
+        raise InputError(
+            f"--zoo {str(zoo)!r} is a file, not a folder", "name a folder (it is created if new)"
+        )
+    entries = [e for e in load_zoo(zoo) if e.name != name] if where.index.exists() or where.builtin else []
     say = progress or (lambda _m: None)
     say(f"evaluating {name} over {episodes} episodes")
     mean, std, _ = evaluate(policy, episodes)
@@ -121,7 +174,6 @@ def add(
     image = len(policy.spec.observation_space.shape) == 3
     samples = max_samples or (1000 if image else 5000)  # Atari frames: ~1000 keeps the file well under 10 MB
     trace = record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=samples))
-    entries = [e for e in load_zoo(index) if e.name != name]
     steps = int(train.get("requested_steps") or train["steps"])
     entry = ZooEntry(
         name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model,
@@ -130,9 +182,14 @@ def add(
                                                                      int(train.get("seed", 0)), name, train),
         fp32_return_mean=round(mean, 2), fp32_return_std=round(std, 2), fp32_episodes=episodes, suites=tuple(suites),
     )  # fmt: skip
-    save_checkpoint(policy, index.parent / name)  # atomic: the folder appears complete or not at all
-    save_trace(trace, calibration_dir / f"{name}.npz")
-    data = json.loads(index.read_text())
+    where.calibration.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(policy, where.index.parent / name)  # atomic: the folder appears complete or not at all
+    save_trace(trace, where.calibration / f"{name}.npz")
+    data = (
+        json.loads(where.index.read_text())
+        if where.index.exists()
+        else {"format": "quarl-edge/zoo", "version": 1}
+    )
     data["policies"] = [e.to_dict() for e in entries] + [entry.to_dict()]
-    atomic_write_json(index, data)  # last: the entry names files that are already in place
-    return entry
+    atomic_write_json(where.index, data)  # last: the entry names files that are already in place
+    return dataclasses.replace(entry, root=where.index.parent, calibration_root=where.calibration)

@@ -57,10 +57,49 @@ def test_quick_suite_writes_tables_and_plots(tmp_path: Path) -> None:
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def test_missing_zoo_file_is_skipped_with_reason() -> None:
-    rows = [Row("ghost", "CartPole-v1", "ppo", "all", None, skipped="zoo file missing: ghost/policy.json")]
-    study = summarize(rows, StudyConfig())
-    assert study["results"][0]["skipped"].startswith("zoo file missing")
+def test_a_user_zoo_with_a_missing_file_and_an_uninstalled_env_is_studied_with_skipped_rows(
+    tmp_path: Path,
+) -> None:
+    """`study ptq --zoo DIR` on a zoo of one's own: the broken entries become skipped rows with their
+    reason, and the good policy is still studied."""
+    from quarl_edge.zoo import POLICIES, add
+
+    zoo = tmp_path / "zoo"
+    add(POLICIES / "cartpole-ppo", "my-cartpole", ("quick",), zoo=zoo)
+    shutil.copytree(zoo / "my-cartpole", zoo / "flappy")
+    index = json.loads((zoo / "zoo.json").read_text())
+    good = index["policies"][0]
+    index["policies"] += [
+        {**good, "name": "ghost"},  # indexed, but its checkpoint folder was never committed
+        {**good, "name": "flappy", "env": "flappy_bird_gymnasium:FlappyBird-v0"},  # env package not installed
+    ]
+    (zoo / "zoo.json").write_text(json.dumps(index))
+    out = tmp_path / "study"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="qe-ray-", dir="/tmp"))
+    env = dict(os.environ, RAY_TMPDIR=str(ray_tmp), PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "quarl_edge.cli", "study", "ptq", "--zoo", str(zoo), "--episodes", "2",
+           "--bits", "8", "--out", str(out), "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    study = json.loads(proc.stdout)
+    assert study["zoo"] == str(zoo)
+    skipped = {r["policy"]: r["skipped"] for r in study["results"] if r.get("skipped")}
+    assert skipped["ghost"] == "zoo file missing: ghost/policy.json"
+    assert (
+        skipped["flappy"].startswith("environment not available")
+        and "flappy_bird_gymnasium" in skipped["flappy"]
+    )
+    mine = {r["variant"]: r for r in study["results"] if r["policy"] == "my-cartpole"}
+    assert {"fp32", "w8", "onnx-int8", "tflite-int8"} <= set(mine)
+    assert mine["fp32"]["returns"] == [500.0, 500.0] and mine["onnx-int8"]["drop_pct"] <= 2.0
+    md = (out / "ptq.md").read_text()
+    assert "zoo file missing: ghost/policy.json" in md and "flappy_bird_gymnasium" in md
+    # a zoo folder without an index, or with nothing in the chosen suite, is one clear error line
+    for bad, msg in ((tmp_path / "nothing", "no zoo at"), (zoo, "no policy in suite paper")):
+        proc = subprocess.run(cmd[:6] + [str(bad), "--suite", "paper", "--out", str(out)], capture_output=True,
+                              text=True, env=env, timeout=120, cwd=tmp_path)  # fmt: skip
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_bad_study_options_are_user_errors() -> None:

@@ -44,6 +44,8 @@ class StudyConfig:
     """restrict to these zoo names"""
     confirm_episodes: int | None = None
     """extra paired episodes that re-check an int8 gate failure (default: 0 for quick, 100 for paper)"""
+    zoo: Path | None = None
+    """a user zoo folder (`quarl-edge zoo add --zoo DIR`); None is the built-in zoo"""
 
     def __post_init__(self) -> None:
         if self.suite not in ("quick", "paper"):
@@ -278,7 +280,14 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
         raise MissingDependencyError(
             "the study runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
         ) from None
-    entries = suite(cfg.suite)
+    entries = suite(cfg.suite, cfg.zoo)
+    if not entries:
+        where = f"zoo {str(cfg.zoo)!r}" if cfg.zoo else "the zoo"
+        other = "paper" if cfg.suite == "quick" else "quick"
+        raise InputError(
+            f"{where} has no policy in suite {cfg.suite}",
+            f"try --suite {other}, or add policies with `quarl-edge zoo add --suite {cfg.suite}`",
+        )
     if cfg.policies:
         known = {e.name for e in entries}
         unknown = [p for p in cfg.policies if p not in known]
@@ -366,7 +375,7 @@ def _confirm(
     ]
     if not failing:
         return []
-    zoo = {e.name: e for e in suite(cfg.suite)}
+    zoo = {e.name: e for e in suite(cfg.suite, cfg.zoo)}
     first = {(r.policy, r.variant): r for r in rows}
     refs: dict[tuple[str, str], Any] = {}
     for policy, variant in failing:
@@ -452,6 +461,7 @@ def summarize(
         "format": "quarl-edge/study-ptq",
         "version": 1,
         "suite": cfg.suite,
+        "zoo": str(cfg.zoo) if cfg.zoo else "built-in",
         "episodes": cfg.n_episodes,
         "seeds": cfg.seeds,
         "bits": list(cfg.bit_list),
