@@ -435,7 +435,9 @@ def zoo_list(zoo: ZooOpt = None, as_json: JsonOpt = False) -> None:
 @zoo_app.command("add")
 @handle_errors
 def zoo_add(
-    policy: Annotated[Path, typer.Option("--policy", "-p", help="finished `quarl-edge train` output folder")],
+    policy: Annotated[
+        Path, typer.Option("--policy", "-p", help="finished `quarl-edge train` output folder, or an SB3 .zip")
+    ],
     name: Annotated[str, typer.Option("--name", help="zoo name, e.g. halfcheetah-td3")],
     suite: Annotated[list[str] | None, typer.Option("--suite", help="quick and/or paper")] = None,
     episodes: Annotated[int, typer.Option("--episodes", help="fp32 evaluation episodes (>= 20)")] = 20,
@@ -443,12 +445,16 @@ def zoo_add(
         int | None, typer.Option("--max-samples", help="calibration samples (default 5000; images 1000)")
     ] = None,
     zoo: ZooOpt = None,
+    env: EnvOpt = None,
+    algo: AlgoOpt = None,
+    vecnormalize: VecNormOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained policy, record its calibration rollouts and index it in the zoo."""
     from quarl_edge.zoo import add
 
-    entry = add(policy, name, tuple(suite or ["paper"]), episodes, max_samples, zoo=zoo, progress=info)
+    entry = add(policy, name, tuple(suite or ["paper"]), episodes, max_samples, zoo=zoo, progress=info,
+                env_id=env, algo=algo, vecnormalize=vecnormalize)  # fmt: skip
     if as_json:
         print_json(entry.to_dict())
         return

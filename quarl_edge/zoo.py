@@ -128,15 +128,20 @@ def add(
     max_samples: int | None = None,
     zoo: Path | None = None,
     progress: Any = None,
+    env_id: str | None = None,
+    algo: str | None = None,
+    vecnormalize: Path | None = None,
 ) -> ZooEntry:
-    """Put a finished `quarl-edge train` checkpoint into a zoo (the built-in one, or the folder ``zoo``,
+    """Put a finished `quarl-edge train` checkpoint, or an SB3 / RL Zoo .zip (``env_id``, ``algo`` and
+    ``vecnormalize`` as for `quarl-edge export`), into a zoo (the built-in one, or the folder ``zoo``,
     created if new): evaluate the fp32 return over ``episodes`` deterministic episodes, record its
     calibration rollouts, copy the checkpoint next to zoo.json and index it there (an entry of the same
     name is replaced)."""
     import dataclasses
     import re
 
-    from quarl_edge.policies import load_checkpoint, save_checkpoint
+    from quarl_edge.loading import load_policy
+    from quarl_edge.policies import save_checkpoint
     from quarl_edge.record import RecordConfig, record
     from quarl_edge.runtimes.fsutil import atomic_write_json
     from quarl_edge.runtimes.trace import save_trace
@@ -153,10 +158,11 @@ def add(
             raise InputError(f"unknown suite {s!r}", "choose quick and/or paper")
     if episodes < 20:
         raise InputError(f"--episodes {episodes} is too few for a zoo entry", "use at least 20")
-    policy = load_checkpoint(policy_dir)
+    policy = load_policy(policy_dir, env_id=env_id, algo=algo, vecnormalize=vecnormalize)
     policy.spec = dataclasses.replace(policy.spec, name=name)
     train = policy.spec.train
-    if train.get("partial") or "steps" not in train:
+    imported = train.get("imported_from")
+    if not imported and (train.get("partial") or "steps" not in train):
         raise InputError(
             f"{str(policy_dir)!r} is not a finished `quarl-edge train` run",
             "finish it (`quarl-edge train ... --resume`) and add the final checkpoint",
@@ -174,13 +180,18 @@ def add(
     image = len(policy.spec.observation_space.shape) == 3
     samples = max_samples or (1000 if image else 5000)  # Atari frames: ~1000 keeps the file well under 10 MB
     trace = record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=samples))
-    steps = int(train.get("requested_steps") or train["steps"])
+    seed = int(train.get("seed", 0))
+    if imported:  # an SB3 / RL Zoo .zip: trained elsewhere, so there is no command of ours to record
+        steps = int(train.get("num_timesteps") or 0)
+        command = f"imported from {imported} (Stable-Baselines3 .zip, trained outside quarl-edge)"
+    else:
+        steps = int(train.get("selected_step", train["steps"]))
+        requested = int(train.get("requested_steps") or train["steps"])
+        command = train_command(policy.spec.env.id, policy.spec.algo, requested, seed, name, train)
     entry = ZooEntry(
-        name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model,
-        steps=int(train.get("selected_step", train["steps"])),
-        seed=int(train.get("seed", 0)), train_command=train_command(policy.spec.env.id, policy.spec.algo, steps,
-                                                                     int(train.get("seed", 0)), name, train),
-        fp32_return_mean=round(mean, 2), fp32_return_std=round(std, 2), fp32_episodes=episodes, suites=tuple(suites),
+        name=name, env=policy.spec.env.id, algo=policy.spec.algo, model=policy.spec.model, steps=steps,
+        seed=seed, train_command=command, fp32_return_mean=round(mean, 2), fp32_return_std=round(std, 2),
+        fp32_episodes=episodes, suites=tuple(suites),
     )  # fmt: skip
     where.calibration.mkdir(parents=True, exist_ok=True)
     save_checkpoint(policy, where.index.parent / name)  # atomic: the folder appears complete or not at all

@@ -74,6 +74,26 @@ def test_add_creates_a_new_user_zoo_and_list_reads_it(tmp_path: Path, cli: Any) 
     assert r.returncode == 2 and "malformed" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_sb3_zip_joins_a_user_zoo_with_its_origin_recorded(tmp_path: Path, cli: Any) -> None:
+    from stable_baselines3 import A2C
+
+    zip_path = tmp_path / "rlzoo-a2c.zip"
+    model = A2C("MlpPolicy", "CartPole-v1", seed=3, device="cpu")
+    model.learn(256)
+    model.save(zip_path)
+    zoo = tmp_path / "zoo"
+    r = cli("zoo", "add", "--policy", str(zip_path), "--name", "a2c-import", "--env", "CartPole-v1",
+            "--suite", "quick", "--zoo", str(zoo), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)
+    assert entry["algo"] == "a2c" and entry["env"] == "CartPole-v1" and entry["steps"] == model.num_timesteps
+    assert entry["train_command"].startswith("imported from rlzoo-a2c.zip")
+    assert 0 < entry["fp32_return_mean"] <= 500 and entry["fp32_episodes"] == 20
+    assert load_checkpoint(zoo / "a2c-import").spec.name == "a2c-import"
+    r = cli("zoo", "add", "--policy", str(tmp_path / "nope.zip"), "--name", "x", "--zoo", str(zoo))
+    assert r.returncode == 2 and "does not exist" in r.stderr and not (zoo / "x").exists()
+
+
 def test_zoo_list_json_says_which_files_are_present(cli: Any) -> None:
     r = cli("zoo", "list", "--json")
     assert r.returncode == 0, r.stderr
