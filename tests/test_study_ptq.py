@@ -130,7 +130,8 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
         monkeypatch.setenv("RAY_TMPDIR", d)
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
-            conf = _confirm(rows, cfg, ray.remote(num_cpus=1)(evaluate_task), tmp_path, None)
+            task = ray.remote(num_cpus=1)(evaluate_task)
+            conf = _confirm(rows, cfg, task, tmp_path, {entry.name: entry.path}, None)
         finally:
             ray.shutdown()
     assert [(c["policy"], c["variant"]) for c in conf] == [("cartpole-ppo", "onnx-int8")]  # only the failure

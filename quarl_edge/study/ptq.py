@@ -351,7 +351,8 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                 rows.append(r)
                 if progress:
                     progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
-            confirmations = _confirm(rows, cfg, task, Path(work), progress)
+            checkpoints = {e.name: e.path for e in entries}
+            confirmations = _confirm(rows, cfg, task, Path(work), checkpoints, progress)
         finally:
             if started_ray:
                 ray.shutdown()
@@ -359,10 +360,15 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
 
 
 def _confirm(
-    rows: list[Row], cfg: StudyConfig, task: Any, work: Path, progress: Callable[[str], None] | None
+    rows: list[Row],
+    cfg: StudyConfig,
+    task: Any,
+    work: Path,
+    checkpoints: dict[str, Path],
+    progress: Callable[[str], None] | None,
 ) -> list[dict[str, Any]]:
     """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more
-    paired episodes (fp32 and the variant): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
+    paired episodes (fp32 and the variant; ``checkpoints`` maps each policy to its fp32 checkpoint): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
     fp32's own reasons. The verdict on all episodes together is reported next to the first one."""
     import ray
 
@@ -375,12 +381,11 @@ def _confirm(
     ]
     if not failing:
         return []
-    zoo = {e.name: e for e in suite(cfg.suite, cfg.zoo)}
     first = {(r.policy, r.variant): r for r in rows}
     refs: dict[tuple[str, str], Any] = {}
     for policy, variant in failing:
         if (policy, "fp32") not in refs:
-            refs[(policy, "fp32")] = task.remote("torch", str(zoo[policy].path), "fp32", None, extra)
+            refs[(policy, "fp32")] = task.remote("torch", str(checkpoints[policy]), "fp32", None, extra)
         refs[(policy, variant)] = task.remote("runtime", str(work / policy), variant, None, extra)
     if progress:
         progress(f"re-checking {len(failing)} gate failure(s) on {len(extra)} more episodes each")
@@ -391,7 +396,14 @@ def _confirm(
         if "returns" not in f32 or "returns" not in var:
             continue
         fp32 = Row(policy, "", "", "fp32", None, returns=first[(policy, "fp32")].returns + f32["returns"])
-        row = Row(policy, "", "", variant, 8, returns=first[(policy, variant)].returns + var["returns"])
+        row = Row(
+            policy,
+            "",
+            "",
+            variant,
+            16 if variant.endswith("fp16") else 8,
+            returns=first[(policy, variant)].returns + var["returns"],
+        )
         s = row.summary(fp32.returns, None)
         _, lo, hi = mean_ci95(fp32.returns)
         out.append({"policy": policy, "variant": variant, "episodes": len(row.returns), "fp32_mean": float(np.mean(fp32.returns)),
