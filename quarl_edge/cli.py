@@ -469,7 +469,14 @@ app.add_typer(study_app, name="study")
 @study_app.command("ptq")
 @handle_errors
 def study_ptq(
-    suite: Annotated[str, typer.Option("--suite", help="quick (CI) or paper (every zoo policy)")] = "quick",
+    suite: Annotated[
+        str | None,
+        typer.Option(
+            "--suite",
+            help="quick (CI) or paper (every zoo policy); default: quick, or paper with --zoo "
+            "(zoo add's default suite)",
+        ),
+    ] = None,
     episodes: Annotated[int | None, typer.Option("--episodes", help="paired episodes per variant")] = None,
     bits: Annotated[str | None, typer.Option("--bits", help="weight-only bit widths, e.g. 2,3,4,8")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated zoo names")] = None,
@@ -494,6 +501,7 @@ def study_ptq(
     from quarl_edge.study.ptq import StudyConfig, run_study, table_rows, write_outputs
 
     bit_list = _parse_bits(bits)
+    suite = suite or ("paper" if zoo else "quick")
     cfg = StudyConfig(suite=suite, episodes=episodes, bits=bit_list, address=address, out=out,
                       policies=tuple(policies.split(",")) if policies else None,
                       confirm_episodes=confirm_episodes, zoo=zoo)  # fmt: skip

@@ -65,13 +65,15 @@ def test_a_user_zoo_with_a_missing_file_and_an_uninstalled_env_is_studied_with_s
     from quarl_edge.zoo import POLICIES, add
 
     zoo = tmp_path / "zoo"
-    add(POLICIES / "cartpole-ppo", "my-cartpole", ("quick",), zoo=zoo)
+    add(POLICIES / "cartpole-ppo", "my-cartpole", zoo=zoo)  # suite paper, as by default
     shutil.copytree(zoo / "my-cartpole", zoo / "flappy")
+    shutil.copytree(zoo / "my-cartpole", zoo / "nocalib")  # its calibration rollouts were never committed
     index = json.loads((zoo / "zoo.json").read_text())
     good = index["policies"][0]
     index["policies"] += [
         {**good, "name": "ghost"},  # indexed, but its checkpoint folder was never committed
         {**good, "name": "flappy", "env": "flappy_bird_gymnasium:FlappyBird-v0"},  # env package not installed
+        {**good, "name": "nocalib"},
     ]
     (zoo / "zoo.json").write_text(json.dumps(index))
     out = tmp_path / "study"
@@ -93,11 +95,21 @@ def test_a_user_zoo_with_a_missing_file_and_an_uninstalled_env_is_studied_with_s
     mine = {r["variant"]: r for r in study["results"] if r["policy"] == "my-cartpole"}
     assert {"fp32", "w8", "onnx-int8", "tflite-int8"} <= set(mine)
     assert mine["fp32"]["returns"] == [500.0, 500.0] and mine["onnx-int8"]["drop_pct"] <= 2.0
+    # a missing calibration file is not fatal: int8 is calibrated on rollouts recorded on the fly, and the
+    # table says so
+    nocalib = {r["variant"]: r for r in study["results"] if r["policy"] == "nocalib"}
+    assert not any(r.get("skipped") for r in nocalib.values())
+    assert nocalib["fp32"]["note"].startswith("zoo file missing: calibration/nocalib.npz")
+    assert "note" in nocalib["onnx-int8"] and "note" not in nocalib["w8"] and "note" not in mine["onnx-int8"]
+    assert "agreement_pct" not in nocalib["onnx-int8"] and nocalib["onnx-int8"]["drop_pct"] <= 2.0
     md = (out / "ptq.md").read_text()
     assert "zoo file missing: ghost/policy.json" in md and "flappy_bird_gymnasium" in md
-    # a zoo folder without an index, or with nothing in the chosen suite, is one clear error line
-    for bad, msg in ((tmp_path / "nothing", "no zoo at"), (zoo, "no policy in suite paper")):
-        proc = subprocess.run(cmd[:6] + [str(bad), "--suite", "paper", "--out", str(out)], capture_output=True,
+    assert "zoo file missing: calibration/nocalib.npz" in md
+    assert "calibration/nocalib.npz" in (out / "ptq.csv").read_text()
+    # `study ptq --zoo` defaults to suite paper, `zoo add`'s default (above); a zoo folder without an
+    # index, or with nothing in the chosen suite, is one clear error line
+    for bad, msg in ((tmp_path / "nothing", "no zoo at"), (zoo, "no policy in suite quick")):
+        proc = subprocess.run(cmd[:6] + [str(bad), "--suite", "quick", "--out", str(out)], capture_output=True,
                               text=True, env=env, timeout=120, cwd=tmp_path)  # fmt: skip
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr
 

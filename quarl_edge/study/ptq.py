@@ -97,6 +97,8 @@ class Row:
     """actions on the policy's recorded calibration states (for the fidelity column)"""
     action_range: float | None = None
     """mean width of the action bounds (continuous actions); None for discrete"""
+    note: str | None = None
+    """shown in the table's note column (e.g. a zoo file that was missing and how the study made do)"""
 
     def fidelity(self, ref: np.ndarray | None) -> dict[str, float]:
         """Discrete: share of recorded states where the greedy action equals fp32's. Continuous: mean
@@ -113,6 +115,8 @@ class Row:
     ) -> dict[str, Any]:
         d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
                              "bits": self.bits, "skipped": self.skipped}  # fmt: skip
+        if self.note:
+            d["note"] = self.note
         if self.skipped or not self.returns:
             return d
         m, s = mean_std(self.returns)
@@ -329,13 +333,19 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                     msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
                     bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
                 trace = str(entry.calibration) if entry.calibration.is_file() else None
+                no_calib = None if trace else (
+                    f"zoo file missing: {entry.calibration.parent.name}/{entry.calibration.name}; int8 calibrated on rollouts "
+                    "recorded on the fly, fidelity not measured"
+                )  # fmt: skip
                 for variant, bits in [("fp32", None), ("random", None)] + [
                     (f"w{b}", b) for b in cfg.bit_list
                 ]:
                     r = row(variant, bits)
+                    r.note = no_calib if variant == "fp32" else None
                     pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds, trace)))
                 for v in RUNTIME_VARIANTS:
                     r = row(v, 16 if v.endswith("fp16") else 8)
+                    r.note = no_calib if v.endswith("int8") else None
                     if v in skipped or bundle is None:
                         r.skipped = skipped.get(v, "export failed")
                         rows.append(r)
@@ -510,7 +520,7 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
             f"[{ci[0] + 0.0:+.2f}, {ci[1] + 0.0:+.2f}]" if ci and all(map(math.isfinite, ci)) else "",
             f"{s['normalized']:.3f}" if s.get("normalized") is not None and math.isfinite(s["normalized"]) else "",
             _fidelity_text(s),
-            "",
+            s.get("note") or "",
         ])  # fmt: skip
     return rows
 
@@ -582,12 +592,13 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
             "agreement_pct",
             "action_err_pct",
             "skipped",
+            "note",
         ]
     )
     for s in study["results"]:
         w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
                     s.get("episodes"), s.get("drop_pct"), s.get("normalized"), s.get("agreement_pct"),
-                    s.get("action_err_pct"), s.get("skipped") or ""])  # fmt: skip
+                    s.get("action_err_pct"), s.get("skipped") or "", s.get("note") or ""])  # fmt: skip
     atomic_write_text(out / "ptq.csv", buf.getvalue())
     pngs = [
         plot_reward_vs_bits(study, out / "ptq_reward_vs_bits.png"),
