@@ -333,10 +333,9 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                     msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
                     bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
                 trace = str(entry.calibration) if entry.calibration.is_file() else None
-                no_calib = None if trace else (
-                    f"zoo file missing: {entry.calibration.parent.name}/{entry.calibration.name}; int8 calibrated on rollouts "
-                    "recorded on the fly, fidelity not measured"
-                )  # fmt: skip
+                calib = entry.calibration
+                no_calib = None if trace else (f"zoo file missing: {calib.parent.name}/{calib.name}; int8 "
+                                               "calibrated on rollouts recorded on the fly, fidelity not measured")  # fmt: skip
                 for variant, bits in [("fp32", None), ("random", None)] + [
                     (f"w{b}", b) for b in cfg.bit_list
                 ]:
@@ -378,8 +377,9 @@ def _confirm(
     progress: Callable[[str], None] | None,
 ) -> list[dict[str, Any]]:
     """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more
-    paired episodes (fp32 and the variant; ``checkpoints`` maps each policy to its fp32 checkpoint): a rare catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for
-    fp32's own reasons. The verdict on all episodes together is reported next to the first one."""
+    paired episodes (fp32 from ``checkpoints[policy]``, the variant from its bundle in ``work``): a rare
+    catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for fp32's own reasons.
+    The verdict on all episodes together is reported next to the first one."""
     import ray
 
     extra = cfg.confirm_seeds
@@ -406,14 +406,8 @@ def _confirm(
         if "returns" not in f32 or "returns" not in var:
             continue
         fp32 = Row(policy, "", "", "fp32", None, returns=first[(policy, "fp32")].returns + f32["returns"])
-        row = Row(
-            policy,
-            "",
-            "",
-            variant,
-            16 if variant.endswith("fp16") else 8,
-            returns=first[(policy, variant)].returns + var["returns"],
-        )
+        bits = 16 if variant.endswith("fp16") else 8
+        row = Row(policy, "", "", variant, bits, returns=first[(policy, variant)].returns + var["returns"])
         s = row.summary(fp32.returns, None)
         _, lo, hi = mean_ci95(fp32.returns)
         out.append({"policy": policy, "variant": variant, "episodes": len(row.returns), "fp32_mean": float(np.mean(fp32.returns)),
