@@ -73,6 +73,11 @@ class ZooDir:
 
 
 def load_zoo(zoo: Path | None = None) -> list[ZooEntry]:
+    return _read_zoo(zoo)[1]
+
+
+def _read_zoo(zoo: Path | None) -> tuple[dict[str, Any], list[ZooEntry]]:
+    """The zoo index as read (to rewrite it) and its entries."""
     where = ZooDir.of(zoo)
     index = where.index
     if not index.is_file():
@@ -85,7 +90,7 @@ def load_zoo(zoo: Path | None = None) -> list[ZooEntry]:
         )
     try:
         data = json.loads(index.read_text())
-        return [
+        return data, [
             ZooEntry(
                 **{**e, "suites": tuple(e.get("suites", ["paper"]))},
                 root=index.parent,
@@ -172,7 +177,12 @@ def add(
         raise InputError(
             f"--zoo {str(zoo)!r} is a file, not a folder", "name a folder (it is created if new)"
         )
-    entries = [e for e in load_zoo(zoo) if e.name != name] if where.index.exists() or where.builtin else []
+    # read (and validate) the index before the long evaluation; a new user zoo starts empty
+    data, entries = (
+        _read_zoo(zoo)
+        if where.index.exists() or where.builtin
+        else ({"format": "quarl-edge/zoo", "version": 1}, [])
+    )
     say = progress or (lambda _m: None)
     say(f"evaluating {name} over {episodes} episodes")
     mean, std, _ = evaluate(policy, episodes)
@@ -196,11 +206,6 @@ def add(
     where.calibration.mkdir(parents=True, exist_ok=True)
     save_checkpoint(policy, where.index.parent / name)  # atomic: the folder appears complete or not at all
     save_trace(trace, where.calibration / f"{name}.npz")
-    data = (
-        json.loads(where.index.read_text())
-        if where.index.exists()
-        else {"format": "quarl-edge/zoo", "version": 1}
-    )
-    data["policies"] = [e.to_dict() for e in entries] + [entry.to_dict()]
+    data["policies"] = [e.to_dict() for e in entries if e.name != name] + [entry.to_dict()]
     atomic_write_json(where.index, data)  # last: the entry names files that are already in place
     return dataclasses.replace(entry, root=where.index.parent, calibration_root=where.calibration)

@@ -332,8 +332,8 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                 except Exception as e:  # noqa: BLE001 - one policy's export failure must not end the study
                     msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
                     bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
-                trace = str(entry.calibration) if entry.calibration.is_file() else None
                 calib = entry.calibration
+                trace = str(calib) if calib.is_file() else None
                 no_calib = None if trace else (f"zoo file missing: {calib.parent.name}/{calib.name}; int8 "
                                                "calibrated on rollouts recorded on the fly, fidelity not measured")  # fmt: skip
                 for variant, bits in [("fp32", None), ("random", None)] + [
