@@ -27,11 +27,11 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy does not follow setuptools' package-dir mapping, so it checks a link tree with the installed layout.
+# mypy does not follow setuptools' package-dir mapping (nor an editable install's finder), so it checks
+# the package as the wheel installs it: built by the real build backend into .cache/typecheck.
 typecheck: $(VENV)/.installed-test
-	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/quarl_edge
-	for f in quarl_edge/*; do ln -s "$$PWD/$$f" .cache/typecheck/$$f; done
-	for d in exporters runtimes devices; do ln -s "$$PWD/$$d" .cache/typecheck/quarl_edge/$$d; done
+	rm -rf .cache/typecheck build
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target .cache/typecheck .
 	cd .cache/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p quarl_edge
 
 pytest: $(VENV)/.installed-test

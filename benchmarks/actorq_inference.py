@@ -18,7 +18,7 @@ from quarl_edge.actorq.broadcast import PRECISIONS, quantize_broadcast
 from quarl_edge.actorq.d4pg import Actor
 from quarl_edge.actorq.dqn import QNetwork
 from quarl_edge.actorq.throughput import inference_throughput
-from quarl_edge.output import table
+from quarl_edge.cli._output import table
 
 CASES = {
     "CartPole DQN 120,84": (4, (120, 84), None),

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from quarl_edge.export import BundleRequest, export_bundle
-from quarl_edge.output import table
-from quarl_edge.policies import NetArch, build_policy, load_checkpoint
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.cli._output import table
+from quarl_edge.policy.net import NetArch, build_policy, load_checkpoint
+from quarl_edge.policy.sb3 import base_spec
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import load_trace, save_trace
-from quarl_edge.sb3 import base_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import tomllib
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = Path(str(files("quarl_edge.devices").joinpath("profiles")))
 TRANSPORTS = ("local", "ssh")
 RUNTIMES = ("onnxruntime", "ai_edge_litert", "tflite_runtime")  # import names, as `runtimes info` lists them
 USER_FILE = "devices.toml"
@@ -294,14 +295,3 @@ def remove_device_entry(name: str) -> bool:
         path.unlink()
         return True
     return False
-
-
-def transport_for(profile: DeviceProfile):  # type: ignore[no-untyped-def]
-    """The function that runs the device runner for this profile (a Transport of quarl_edge.bench)."""
-    if profile.transport == "local":
-        from quarl_edge.bench import local_transport
-
-        return local_transport
-    from quarl_edge.devices.remote import SSHTransport
-
-    return SSHTransport(profile)

@@ -50,7 +50,7 @@ class CachedBundle:
 
 
 class SSHTransport:
-    """A bench transport (see quarl_edge.bench) that runs the device runner over SSH."""
+    """A bench transport (see quarl_edge.bench.run) that runs the device runner over SSH."""
 
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from quarl_edge.policies import Policy
+from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")

@@ -237,7 +237,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from quarl_edge.qat import deployable
+    from quarl_edge.train.qat import deployable
 
     plain, ranges = deployable(ctx.policy)
     fp32 = export_fp32(replace(ctx, policy=plain), ctx.workdir / "qat-src.fp32.onnx")
@@ -312,7 +312,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     if qat and int(qat["bits"]) == 8 and qat.get("activations", True):
         return _export_int8_learned_ranges(ctx, path)
     if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
-        from quarl_edge.qat import deployable
+        from quarl_edge.train.qat import deployable
 
         ctx = replace(ctx, policy=deployable(ctx.policy)[0])
     if ctx.calibration is None or len(ctx.calibration) == 0:
@@ -377,7 +377,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if ctx.policy.arch.qat:
-        from quarl_edge.qat import deployable
+        from quarl_edge.train.qat import deployable
 
         ctx = replace(ctx, policy=deployable(ctx.policy)[0])
     if ctx.calibration is None or len(ctx.calibration) == 0:

@@ -38,7 +38,7 @@ from quarl_edge.exporters.base import (
     missing_dependency,
     register,
 )
-from quarl_edge.policies import Policy
+from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
 
 TFLITE = Requirement(modules=("litert_torch", "torchao", "ai_edge_litert"), extra="tflite")
@@ -472,7 +472,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
 
     from litert_torch.quantize.quant_config import QuantConfig
 
-    from quarl_edge.qat import deployable
+    from quarl_edge.train.qat import deployable
 
     qat = dict(ctx.policy.arch.qat or {})
     plain, learned = deployable(ctx.policy)
@@ -524,7 +524,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
         from dataclasses import replace
 
-        from quarl_edge.qat import deployable
+        from quarl_edge.train.qat import deployable
 
         ctx = replace(ctx, policy=deployable(ctx.policy)[0])
     if ctx.calibration is None or len(ctx.calibration) == 0:

@@ -4,28 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quarl_edge.bench import BenchConfig, bench
-from quarl_edge.export import BundleRequest, export_bundle
+from quarl_edge.bench.report import COLUMNS, rows, write_report
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.cli._output import info, table
 from quarl_edge.gate import GateConfig, evaluate, write_outputs
-from quarl_edge.output import info, table
-from quarl_edge.policies import load_checkpoint
-from quarl_edge.report import COLUMNS, rows, write_report
+from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.zoo import CALIBRATION, POLICIES
 
-ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_POLICY = "cartpole-ppo"
 
 
 def shipped_policy(name: str) -> Path:
-    return ASSETS / "policies" / name
+    return POLICIES / name
 
 
 def shipped_calibration(name: str) -> Path | None:
-    """calibration_data/<name>.npz of a source checkout, if present."""
-    for root in (Path(__file__).resolve().parent.parent / "calibration_data", ASSETS / "calibration_data"):
-        path = root / f"{name}.npz"
-        if path.is_file():
-            return path
-    return None
+    """The shipped calibration_data/<name>.npz (package data), if there is one."""
+    path = CALIBRATION / f"{name}.npz"
+    return path if path.is_file() else None
 
 
 def run_demo(out: Path, episodes: int = 20) -> int:

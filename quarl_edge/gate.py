@@ -91,6 +91,12 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
     return checks
 
 
+def check_rows(checks: list[Check]) -> list[list[str]]:
+    """The gate's table: model, check, value, limit, result."""
+    return [[c.model, c.name, "-" if c.value is None else f"{c.value:.4g}", f"{c.limit:g}",
+             "pass" if c.passed else "FAIL"] for c in checks]  # fmt: skip
+
+
 def junit_xml(report: dict[str, Any], checks: list[Check]) -> str:
     failures = sum(not c.passed for c in checks)
     suite = f"quarl-edge gate {report['bundle'].get('policy', '')}"

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from quarl_edge import __version__
-from quarl_edge.policies import Policy
+from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.trace import Trace, make_trace
+from quarl_edge.runtimes.trace import Trace, make_trace, save_trace
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,17 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
         seeds=np.asarray(seeds[: len(set(ep_l))]),
         meta=meta,
     )
+
+
+def record_to_file(policy: Policy, cfg: RecordConfig, out: Path) -> Trace:
+    """Record and save to ``out`` (.npz), refusing another suffix before any episode runs."""
+    if out.suffix != ".npz":
+        raise InputError(
+            f"--out {str(out)!r} must end in .npz", f"e.g. --out calibration_data/{out.stem}.npz"
+        )
+    trace = record(policy, cfg)
+    save_trace(trace, out)
+    return trace
 
 
 def check_trace_fits(trace: Trace, policy: Policy, path: str | Path) -> None:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from quarl_edge.runtimes.errors import InputError
 
-POLICIES = Path(__file__).resolve().parent / "assets" / "policies"
+# Package data, where a wheel installs it (importlib.resources; an editable install maps the same names).
+POLICIES = Path(str(files("quarl_edge").joinpath("assets", "policies")))
 INDEX = POLICIES / "zoo.json"
-CALIBRATION = Path(__file__).resolve().parent.parent / "calibration_data"
+CALIBRATION = Path(str(files("quarl_edge.calibration_data")))
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class ZooEntry:
     @property
     def path(self) -> Path:
         return self.root / self.name
+
+    @property
+    def present(self) -> bool:
+        """whether this entry's checkpoint is on disk"""
+        return (self.path / "policy.json").is_file()
 
     @property
     def calibration(self) -> Path:
@@ -145,12 +152,12 @@ def add(
     import dataclasses
     import re
 
-    from quarl_edge.loading import load_policy
-    from quarl_edge.policies import save_checkpoint
+    from quarl_edge.policy.load import load_policy
+    from quarl_edge.policy.net import save_checkpoint
     from quarl_edge.record import RecordConfig, record
     from quarl_edge.runtimes.fsutil import atomic_write_json
     from quarl_edge.runtimes.trace import save_trace
-    from quarl_edge.trainer import evaluate
+    from quarl_edge.train.trainer import evaluate
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
         raise InputError(f"zoo name {name!r} is not a plain lowercase name", "e.g. --name halfcheetah-td3")

@@ -63,8 +63,8 @@ def cartpole_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """fp32 + fp16 + int8 ONNX bundle of the shipped CartPole PPO (exported once per session)."""
-    from quarl_edge.export import BundleRequest, export_bundle
-    from quarl_edge.policies import load_checkpoint
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.policy.net import load_checkpoint
 
     out = tmp_path_factory.mktemp("bundles") / "cartpole-ppo"
     export_bundle(

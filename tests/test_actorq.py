@@ -20,9 +20,9 @@ from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
 from quarl_edge.actorq.d4pg import project, support  # noqa: E402
 from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
-from quarl_edge.actorq.study import run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
 from quarl_edge.runtimes.errors import InputError  # noqa: E402
+from quarl_edge.study.actorq import run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quarl_edge.bench import BenchConfig, bench
-from quarl_edge.export import BundleRequest, export_bundle
-from quarl_edge.policies import load_checkpoint
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.runtimes.trace import load_trace, make_trace, save_trace

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from quarl_edge.bench import BenchConfig, bench, local_transport
-from quarl_edge.report import write_report
+from quarl_edge.bench.report import write_report
+from quarl_edge.bench.run import BenchConfig, bench, local_transport
 
 MODELS = ("onnx-fp32", "onnx-fp16", "onnx-int8")
 REF = "onnx-fp32"

@@ -418,7 +418,7 @@ def test_setup_commands_run_in_a_real_shell_with_hostile_paths(tmp_path: Path) -
 
 @pytest.fixture
 def devices_cli() -> typer.Typer:
-    from quarl_edge.cli_emulate import register
+    from quarl_edge.cli.emulate import register
 
     app = typer.Typer()
     register(app)

@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 
-from quarl_edge.bench import BenchConfig, bench, local_transport
+from quarl_edge.bench.partial import BenchInterrupted, partial_path
+from quarl_edge.bench.run import BenchConfig, bench, local_transport
 from quarl_edge.devices.profiles import load_profile, remote_path, write_device_entry
 from quarl_edge.devices.remote import SSHTransport
 from quarl_edge.devices.ssh import HostKeyError, SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import build_runner_zip
-from quarl_edge.resume import BenchInterrupted, partial_path
 from quarl_edge.runtimes.errors import InputError
 
 SSHD = Path("/usr/sbin/sshd")

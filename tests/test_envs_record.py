@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quarl_edge.envs import BUILTIN, env_config
-from quarl_edge.policies import load_checkpoint
+from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.policy.registry import BUILTIN, env_config
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError, IntegrityError

@@ -13,16 +13,16 @@ import pytest
 import torch
 from onnx import TensorProto, numpy_helper
 
-from quarl_edge.export import BundleRequest, export_bundle
+from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.exporters.base import ExportConfig
-from quarl_edge.policies import NetArch, Policy, build_policy, load_checkpoint
+from quarl_edge.policy.net import NetArch, Policy, build_policy, load_checkpoint
+from quarl_edge.policy.sb3 import base_spec
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.manifest import ModelEntry, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
-from quarl_edge.sb3 import base_spec
 
 # onnxconverter-common warns about tiny weights rounded to fp16's smallest values: expected for fp16
 pytestmark = pytest.mark.filterwarnings("ignore:the float32 number .* will be truncated:UserWarning")

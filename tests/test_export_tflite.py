@@ -26,17 +26,17 @@ from test_bad_input import FAST_BENCH, assert_absent, assert_no_report, assert_o
 from test_runtimes_no_torch import SITECUSTOMIZE
 from torch import nn
 
-from quarl_edge.bench import BenchConfig, bench
-from quarl_edge.export import BundleRequest, export_bundle
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.exporters.base import EXPORTERS, ExportConfig, ExportContext
-from quarl_edge.policies import NetArch, Policy, build_policy, load_checkpoint
+from quarl_edge.policy.net import NetArch, Policy, build_policy, load_checkpoint
+from quarl_edge.policy.sb3 import base_spec
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.litert import LiteRTSession
 from quarl_edge.runtimes.manifest import ModelEntry, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
-from quarl_edge.sb3 import base_spec
 
 TFLITE = ("tflite-fp32", "tflite-fp16", "tflite-int8")
 PARITY_ATOL = 1e-4

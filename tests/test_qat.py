@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from quarl_edge.policies import load_checkpoint
-from quarl_edge.qat import QATClock, QATConfig, QATLinear, convert, fake_quant_weight, qat_layers
+from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.train.qat import QATClock, QATConfig, QATLinear, convert, fake_quant_weight, qat_layers
 
 
 def _mlp() -> nn.Sequential:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from quarl_edge.policies import load_checkpoint
-from quarl_edge.quant import quantize_tensor, quantize_weights
+from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.quant.weights import quantize_tensor, quantize_weights
 from quarl_edge.runtimes.errors import InputError
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from quarl_edge.bench import BenchConfig, bench
-from quarl_edge.export import BundleRequest, export_bundle
-from quarl_edge.policies import load_checkpoint
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.policy.net import load_checkpoint
 
 EPISODES = 20
 MAX_DROP_PCT = 2.0

@@ -25,16 +25,16 @@ from stable_baselines3 import A2C, DDPG, DQN, PPO, SAC, TD3
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from quarl_edge.envs import env_config
-from quarl_edge.export import BundleRequest, export_bundle
-from quarl_edge.loading import load_policy
-from quarl_edge.policies import Policy
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.policy.load import load_policy
+from quarl_edge.policy.net import Policy
+from quarl_edge.policy.registry import env_config
+from quarl_edge.policy.sb3 import load_sb3_zip, load_vecnormalize
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import InputError, IntegrityError, QuarlError
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import Trace, save_trace
-from quarl_edge.sb3 import load_sb3_zip, load_vecnormalize
 
 N_OBS = 1000
 ALGOS: dict[str, type[BaseAlgorithm]] = {

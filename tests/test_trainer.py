@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quarl_edge.policies import load_checkpoint
+from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.runtimes.envs import make_env
 
 CASES = [
@@ -60,7 +60,7 @@ def test_periodic_checkpoints_are_complete(cli, tmp_path: Path) -> None:
 
 
 def test_keep_best_ends_with_the_best_scored_weights_and_survives_resume(cli, tmp_path: Path) -> None:
-    from quarl_edge.trainer import SELECT_SEED0, evaluate
+    from quarl_edge.train.trainer import SELECT_SEED0, evaluate
 
     out = tmp_path / "kb"
     common = ("--env", "CartPole-v1", "--algo", "ppo", "--checkpoint-every", "512", "--keep-best", "3",

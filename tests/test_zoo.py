@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from quarl_edge.policies import load_checkpoint, save_checkpoint
+from quarl_edge.policy.net import load_checkpoint, save_checkpoint
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.trace import load_trace
 from quarl_edge.zoo import INDEX, POLICIES, add, load_zoo

@@ -1,1 +1,1 @@
-"""The paper's experiments as commands: PTQ across policies x precisions (ptq.py), plots (plots.py)."""
+"""The paper's experiments as commands: PTQ (ptq.py), QAT (qat.py) and ActorQ (actorq.py) studies, plots (plots.py)."""

@@ -141,8 +141,8 @@ class Row:
 def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[int]) -> list[float]:
     import torch
 
-    from quarl_edge.policies import load_checkpoint
-    from quarl_edge.quant import quantize_weights
+    from quarl_edge.policy.net import load_checkpoint
+    from quarl_edge.quant.weights import quantize_weights
     from quarl_edge.runtimes.envs import make_env
 
     torch.set_num_threads(1)
@@ -150,7 +150,6 @@ def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[
     if bits is not None:
         policy = quantize_weights(policy, bits)
     env = make_env(policy.spec.env)
-    rng = np.random.default_rng(0)
     out = []
     try:
         for seed in seeds:
@@ -163,7 +162,6 @@ def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[
                 ret += float(r)
                 done = term or trunc
             out.append(ret)
-            rng.random()
     finally:
         env.close()
     return out
@@ -193,8 +191,8 @@ def _actions(kind: str, target: str, variant: str, bits: int | None, trace: str)
     if variant == "random":
         return None
     if kind == "torch":
-        from quarl_edge.policies import load_checkpoint
-        from quarl_edge.quant import quantize_weights
+        from quarl_edge.policy.net import load_checkpoint
+        from quarl_edge.quant.weights import quantize_weights
 
         policy = load_checkpoint(target)
         if bits is not None:
@@ -231,9 +229,9 @@ def evaluate_task(
 
 def _export(entry: ZooEntry, work: Path) -> tuple[Path | None, dict[str, str]]:
     """Bundle with every runtime variant that can be exported here; reasons for the others."""
-    from quarl_edge.export import BundleRequest, export_bundle
+    from quarl_edge.bundle import BundleRequest, export_bundle
     from quarl_edge.exporters.base import EXPORTERS, load_builtin
-    from quarl_edge.policies import load_checkpoint
+    from quarl_edge.policy.net import load_checkpoint
 
     load_builtin()
     skipped: dict[str, str] = {}
@@ -265,7 +263,7 @@ def _action_range(entry: ZooEntry) -> float | None:
 
 
 def _check_entry(entry: ZooEntry) -> str | None:
-    from quarl_edge.envs import env_config
+    from quarl_edge.policy.registry import env_config
     from quarl_edge.runtimes.envs import make_env
 
     if not (entry.path / "policy.json").is_file():
@@ -565,7 +563,7 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
     from quarl_edge.study.plots import plot_drift, plot_reward_vs_bits
 
     out.mkdir(parents=True, exist_ok=True)
-    from quarl_edge.bench import finite_json
+    from quarl_edge.bench.run import finite_json
 
     atomic_write_json(out / "ptq.json", finite_json(study))
     atomic_write_text(out / "ptq.md", markdown(study))
@@ -599,7 +597,3 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
         plot_drift(study, out / "ptq_int8_drift.png"),
     ]
     return [out / "ptq.json", out / "ptq.md", out / "ptq.csv", *pngs]
-
-
-def load_study(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())

@@ -115,8 +115,8 @@ def train_task(
     """One QAT training (a Ray task); returns {"path": ...} or {"skipped": reason}."""
     import torch
 
-    from quarl_edge.qat import QATConfig
-    from quarl_edge.trainer import TrainConfig, train
+    from quarl_edge.train.qat import QATConfig
+    from quarl_edge.train.trainer import TrainConfig, train
 
     torch.set_num_threads(1)
     try:
@@ -131,7 +131,7 @@ def train_task(
 
 
 def _check(task: QATTask) -> tuple[Any, str | None]:
-    from quarl_edge.envs import env_config
+    from quarl_edge.policy.registry import env_config
     from quarl_edge.runtimes.envs import make_env
     from quarl_edge.zoo import load_zoo
 
@@ -343,7 +343,7 @@ def plot(study: dict[str, Any], path: Path) -> Path:
 
 
 def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
-    from quarl_edge.bench import finite_json
+    from quarl_edge.bench.run import finite_json
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "qat.json", finite_json(study))

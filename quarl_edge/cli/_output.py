@@ -6,12 +6,14 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from quarl_edge.runtimes.errors import QuarlError
@@ -27,7 +29,7 @@ def debug_enabled() -> bool:
 
 
 def print_json(data: Any) -> None:
-    from quarl_edge.bench import finite_json
+    from quarl_edge.bench.run import finite_json
 
     sys.stdout.write(json.dumps(finite_json(data), indent=2) + "\n")
 
@@ -39,6 +41,15 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> 
     for r in rows:
         t.add_row(*r)
     out.print(t)
+
+
+@contextmanager
+def progress_bar(label: str, total: int) -> Iterator[Callable[[str], None]]:
+    """A rich progress bar on stderr (gone when done); yields ``advance(description)``."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task(label, total=total)
+        yield lambda description: bar.update(task, advance=1, description=description)
 
 
 def info(msg: str) -> None:

@@ -208,7 +208,7 @@ def deployable(policy: Any) -> tuple[Any, list[tuple[float, float] | None]]:
     import copy
     from dataclasses import replace
 
-    from quarl_edge.policies import build_policy
+    from quarl_edge.policy.net import build_policy
 
     ranges: list[tuple[float, float] | None] = []
     state: dict[str, torch.Tensor] = {}

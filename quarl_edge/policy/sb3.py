@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from quarl_edge.envs import env_config, resolve_id
-from quarl_edge.hyperparams import ALGOS
-from quarl_edge.policies import NetArch, Policy, build_policy
+from quarl_edge.policy.net import NetArch, Policy, build_policy
+from quarl_edge.policy.registry import env_config, resolve_id
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.spec import PolicySpec, SpaceSpec
+from quarl_edge.train.hyperparams import ALGOS
 
 _DEFAULT_ACTIVATION = {
     "ppo": "tanh",

@@ -5,7 +5,7 @@ load time, first inference and peak RSS are its own, and the runner's imports ar
 Devices other than ``local`` plug in as transports that run the same runner elsewhere (SSH:
 quarl_edge.devices.remote). A transport may also have ``prepare(bundle, trace)`` (connect, upload),
 ``harness`` (its own timings, for the report) and ``device_facts`` (merged into the report's device).
-Finished episodes are kept in a partial file as they arrive (quarl_edge.resume), so a bench that stops
+Finished episodes are kept in a partial file as they arrive (quarl_edge.bench.partial), so a bench that stops
 part-way can be resumed.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
-from quarl_edge.resume import PartialBench
+from quarl_edge.bench.partial import PartialBench
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file

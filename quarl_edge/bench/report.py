@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.bench import REPORT_FORMAT, finite_json
+from quarl_edge.bench.run import REPORT_FORMAT, finite_json
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 
@@ -63,6 +63,24 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return out
+
+
+def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[str], str, list[str]]:
+    """What `quarl-edge bench` prints around its table: warnings (and the harness line) before, the
+    table's title, and the runtimes line and the files written after."""
+    before = [f"[yellow]warning:[/] {m['name']}: {w}" for m in report["models"] for w in m["warnings"]]
+    if harness_line(report):
+        before.append(harness_line(report))
+    dev = report["device"]
+    emulated = ", emulated: latency is qemu's, not the board's" if dev.get("emulated") else ""
+    threads = report["settings"]["threads"]
+    title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
+    after = [runtimes_line(report)]
+    if out is not None:
+        after.append(
+            f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%"
+        )
+    return before, title, after
 
 
 def harness_line(report: dict[str, Any]) -> str:

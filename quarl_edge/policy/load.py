@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quarl_edge.policies import Policy, is_checkpoint, load_checkpoint
+from quarl_edge.policy.net import Policy, is_checkpoint, load_checkpoint
 from quarl_edge.runtimes.errors import InputError
 
 
@@ -27,7 +27,7 @@ def load_policy(
             )
         return load_checkpoint(path)
     if path.suffix == ".zip":
-        from quarl_edge.sb3 import load_sb3_zip
+        from quarl_edge.policy.sb3 import load_sb3_zip
 
         return load_sb3_zip(path, env_id=env_id, algo=algo, vecnormalize=vecnormalize)
     if not path.exists():

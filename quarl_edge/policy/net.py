@@ -133,7 +133,7 @@ class PolicyNet(nn.Module):
         self.mlp = nn.Sequential(*layers)
         self.out = nn.Linear(in_dim, arch.out_dim)
         if arch.qat:
-            from quarl_edge.qat import QATClock, QATConfig, convert
+            from quarl_edge.train.qat import QATClock, QATConfig, convert
 
             qcfg = QATConfig(bits=int(arch.qat["bits"]), activations=bool(arch.qat.get("activations", True)))
             convert(self, qcfg, QATClock(delay=0))

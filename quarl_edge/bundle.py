@@ -17,7 +17,7 @@ from quarl_edge.exporters.base import (
     ExportContext,
     resolve_targets,
 )
-from quarl_edge.policies import Policy
+from quarl_edge.policy.net import Policy
 from quarl_edge.record import RecordConfig, check_trace_fits, record
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, sha256_file

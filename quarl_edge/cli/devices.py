@@ -9,25 +9,25 @@ from typing import Annotated, Any
 
 import typer
 
-from quarl_edge.output import handle_errors, info, print_json, table
+from quarl_edge.cli._options import DeviceNameArg, HostOpt, IdentityOpt, JsonOpt, PortOpt, UserOpt, overrides
+from quarl_edge.cli._output import handle_errors, info, print_json, table
 
 devices_app = typer.Typer(
     help="Device profiles (rpi4, rpi5, ...; your own in ~/.config/quarl-edge/devices.toml) and SSH checks.",
     no_args_is_help=True,
 )
 
-NameArg = Annotated[str, typer.Argument(help="device profile name (see `quarl-edge devices list`)")]
-HostOpt = Annotated[str | None, typer.Option("--host", help="device address (overrides the profile)")]
-UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (overrides the profile)")]
-PortOpt = Annotated[int | None, typer.Option("--port", help="SSH port (overrides the profile)")]
-IdentityOpt = Annotated[
-    str | None, typer.Option("--identity", help="private key file, mode 0600 (overrides the profile)")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
+NameArg = DeviceNameArg
 
 
-def overrides(host: str | None, user: str | None, port: int | None, identity: str | None) -> dict[str, Any]:
-    return {"host": host, "user": user, "port": port, "identity": identity}
+def register(app: typer.Typer) -> None:
+    """`devices list|show|check|trust`, plus `devices emulate` and `devices setup` (cli/emulate.py)."""
+    from quarl_edge.cli import emulate
+
+    for name, command in (("list", list_devices), ("show", show), ("check", check), ("trust", trust)):
+        devices_app.command(name)(handle_errors(command))
+    emulate.register(devices_app)
+    app.add_typer(devices_app, name="devices")
 
 
 def _target(p: Any) -> str:
@@ -38,8 +38,6 @@ def _target(p: Any) -> str:
     return f"{user}{p.ssh_host}{port}"
 
 
-@devices_app.command("list")
-@handle_errors
 def list_devices(as_json: JsonOpt = False) -> None:
     """List the device profiles (built-in and your own)."""
     from quarl_edge.devices.profiles import available, load_profile
@@ -64,8 +62,6 @@ def list_devices(as_json: JsonOpt = False) -> None:
     info("next: quarl-edge devices check NAME (your own entries: ~/.config/quarl-edge/devices.toml)")
 
 
-@devices_app.command("show")
-@handle_errors
 def show(
     name: NameArg,
     host: HostOpt = None,
@@ -89,8 +85,6 @@ def show(
     table(f"device {p.name}", ["field", "value"], rows)
 
 
-@devices_app.command("check")
-@handle_errors
 def check(
     name: NameArg,
     host: HostOpt = None,
@@ -158,8 +152,6 @@ def _local_info() -> dict[str, Any]:
     return data
 
 
-@devices_app.command("trust")
-@handle_errors
 def trust(
     name: NameArg,
     fingerprint: Annotated[

@@ -8,11 +8,8 @@ from typing import Annotated
 
 import typer
 
-from quarl_edge.output import handle_errors, info, out, print_json
-
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="print the result as JSON on stdout (logs go to stderr)")
-]
+from quarl_edge.cli._options import JsonOpt
+from quarl_edge.cli._output import handle_errors, info, out, print_json
 
 
 class Action(str, Enum):
@@ -23,11 +20,10 @@ class Action(str, Enum):
 
 def register(devices_app: typer.Typer) -> None:
     """Add the `emulate` and `setup` commands to the `devices` sub-app."""
-    devices_app.command("emulate")(emulate)
-    devices_app.command("setup")(setup)
+    devices_app.command("emulate")(handle_errors(emulate))
+    devices_app.command("setup")(handle_errors(setup))
 
 
-@handle_errors
 def emulate(
     board: Annotated[str, typer.Argument(help="board to emulate: rpi4")],
     action: Annotated[Action, typer.Argument(help="up: build once and start; down: stop; status")],
@@ -78,7 +74,6 @@ def emulate(
         info(f"next: quarl-edge devices emulate {st.board} up")
 
 
-@handle_errors
 def setup(
     name: Annotated[str, typer.Argument(help="device name (see `quarl-edge devices list`)")],
     wheelhouse: Annotated[

@@ -12,7 +12,7 @@ import copy
 import torch
 from torch import nn
 
-from quarl_edge.policies import Policy
+from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
 
 MIN_BITS, MAX_BITS = 2, 8

@@ -1,4 +1,4 @@
-"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn / .d4pg (registered in quarl_edge/cli.py)."""
+"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn / .d4pg."""
 
 from __future__ import annotations
 
@@ -7,29 +7,18 @@ from typing import Annotated, Any
 
 import typer
 
-from quarl_edge.output import handle_errors, info, print_json
+from quarl_edge.cli._options import AddressOpt, JsonOpt, SeedOpt, int_list, out_option
+from quarl_edge.cli._output import handle_errors, info, print_json
 from quarl_edge.runtimes.errors import InputError
 
 
-def parse_hidden(text: str) -> tuple[int, ...]:
-    """'2048,2048,2048' -> (2048, 2048, 2048); a domain error for anything else."""
-    try:
-        sizes = tuple(int(h) for h in text.split(","))
-    except ValueError:
-        raise InputError(
-            f"--hidden {text!r} is not a comma-separated list of integers", "e.g. --hidden 2048,2048,2048"
-        ) from None
-    if min(sizes) < 1:
-        raise InputError(f"--hidden sizes must be positive (got {text})", "e.g. --hidden 256,256")
-    return sizes
+def register(app: typer.Typer) -> None:
+    app.command("actorq")(handle_errors(actorq))
 
 
-@handle_errors
 def actorq(
     env: Annotated[str, typer.Option("--env", help="gymnasium id: CartPole-v1 (dqn), Pendulum-v1 (d4pg)")],
-    out: Annotated[
-        Path, typer.Option("--out", help="folder for log.json, breakdown.png, curve.png, checkpoint/")
-    ],
+    out: Annotated[Path, out_option("folder for log.json, breakdown.png, curve.png, checkpoint/")],
     algo: Annotated[str, typer.Option("--algo", help="dqn (discrete) or d4pg (continuous)")] = "dqn",
     actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
     actor_precision: Annotated[
@@ -38,9 +27,9 @@ def actorq(
     update_period: Annotated[
         int, typer.Option("--update-period", help="actor steps between weight pulls")
     ] = 100,
-    address: Annotated[str | None, typer.Option("--address", help="Ray cluster (default: local Ray)")] = None,
+    address: AddressOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: SeedOpt = 0,
     hidden: Annotated[
         str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")
     ] = None,
@@ -49,13 +38,13 @@ def actorq(
     ] = None,
     v_max: Annotated[float | None, typer.Option("--v-max", help="d4pg: highest value atom")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the log as JSON on stdout")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """ActorQ: fp32 learner, Ray actors at fp32/fp16/int8, runtime breakdown and learning curve."""
     from quarl_edge.actorq import d4pg, dqn
 
     learner = d4pg if algo == "d4pg" else dqn
-    sizes: dict[str, Any] = {"hidden": parse_hidden(hidden)} if hidden else {}
+    sizes: dict[str, Any] = {"hidden": int_list(hidden, "--hidden", "2048,2048,2048")} if hidden else {}
     if v_min is not None or v_max is not None:
         if algo != "d4pg":
             raise InputError(

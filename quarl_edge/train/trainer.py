@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
-from quarl_edge.envs import entry, env_config, resolve_id
-from quarl_edge.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
-from quarl_edge.policies import Policy, save_checkpoint
-from quarl_edge.qat import QATClock, QATConfig, convert
+from quarl_edge.policy.net import Policy, save_checkpoint
+from quarl_edge.policy.registry import entry, env_config, resolve_id
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig
+from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
+from quarl_edge.train.qat import QATClock, QATConfig, convert
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,8 @@ def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> An
         )
     except TypeError as e:
         raise InputError(
-            f"bad hyperparameter for {cfg.algo.upper()}: {e}", "check --set NAME=VALUE options"
+            f"bad hyperparameter for {cfg.algo.upper()}: {e}",
+            "check the hyperparameter defaults in quarl_edge/train/hyperparams.py",
         ) from None
 
 
@@ -250,7 +251,7 @@ class BestKeeper:
         return {"step": int(policy.spec.train["steps"]), "mean": round(mean, 3), "std": round(std, 3)}
 
     def offer(self, policy: Policy) -> None:
-        from quarl_edge.policies import save_checkpoint
+        from quarl_edge.policy.net import save_checkpoint
         from quarl_edge.runtimes.fsutil import atomic_write_json
 
         rec = self.score(policy)
@@ -264,7 +265,7 @@ class BestKeeper:
 
     def final(self, policy: Policy) -> Policy:
         """The better of the final policy and the kept best; its train info says which and why."""
-        from quarl_edge.policies import load_checkpoint
+        from quarl_edge.policy.net import load_checkpoint
 
         rec = self.score(policy)
         best = self.best()
@@ -282,6 +283,19 @@ def with_train(policy: Policy, train: dict[str, Any]) -> Policy:
     import dataclasses
 
     return Policy(dataclasses.replace(policy.spec, train=train), policy.arch, policy.net, policy.extra)
+
+
+def summary_lines(policy: Policy, out: Path) -> list[str]:
+    """What `quarl-edge train` says when it is done: the kept step (--keep-best) and the final return."""
+    t = policy.spec.train
+    lines = []
+    if "selection" in t:
+        sel = t["selection"]
+        lines.append(f"--keep-best: final weights scored {sel['final']['mean']:.1f}, best checkpoint "
+                     f"{(sel['best'] or {}).get('mean', float('nan')):.1f}; kept step {t['selected_step']}")  # fmt: skip
+    lines.append(f"saved {out} ({t.get('steps')} steps, {t.get('wall_s')} s); return "
+                 f"{t.get('eval_return_mean', float('nan')):.1f} ± {t.get('eval_return_std', float('nan')):.1f}")  # fmt: skip
+    return lines
 
 
 def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float, float, list[float]]:
@@ -305,7 +319,7 @@ def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float,
 def train(cfg: TrainConfig) -> Policy:
     import stable_baselines3 as sb3
 
-    from quarl_edge.sb3 import base_spec, parts_from_model, policy_from_parts
+    from quarl_edge.policy.sb3 import base_spec, parts_from_model, policy_from_parts
 
     env_cfg = validate(cfg)
     if cfg.resume and not resume_path(cfg.out).is_file():

@@ -1,0 +1,1 @@
+"""Recorded rollouts of the zoo policies (package data, read with importlib.resources)."""

@@ -1,0 +1,77 @@
+"""A bench on a named device: its profile, its transport (local or SSH), the partial file, the report.
+
+The one library call behind `quarl-edge bench` (and anything else that benches on a device profile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.bench.partial import partial_path
+from quarl_edge.bench.report import write_report
+from quarl_edge.bench.run import BenchConfig, Event, Transport, bench, local_transport
+from quarl_edge.devices.profiles import DeviceProfile, load_profile
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.manifest import load_manifest
+
+
+def transport_for(profile: DeviceProfile) -> Transport:
+    """The function that runs the device runner for this profile (a Transport of quarl_edge.bench.run)."""
+    if profile.transport == "local":
+        return local_transport
+    from quarl_edge.devices.remote import SSHTransport
+
+    return SSHTransport(profile)  # type: ignore[return-value]
+
+
+def model_count(bundle: Path, cfg: BenchConfig) -> int:
+    """How many models the bench will run (for a progress bar)."""
+    return len(cfg.models or load_manifest(bundle).models)
+
+
+def check_out(out: Path | None, resume: bool) -> None:
+    if out is not None and out.suffix != ".json":
+        raise InputError(f"--out {str(out)!r} must end in .json", "e.g. --out reports/policy.json")
+    if resume and out is None:
+        raise InputError(
+            "--resume needs the --out of the interrupted bench", "e.g. --out reports/policy.json --resume"
+        )
+
+
+def bench_on_device(
+    bundle: Path,
+    cfg: BenchConfig,
+    device: str = "local",
+    overrides: dict[str, Any] | None = None,
+    out: Path | None = None,
+    resume: bool = False,
+    progress: Callable[[Event], None] | None = None,
+    log: Callable[[str], None] = lambda _msg: None,
+    threads_given: bool = True,
+) -> dict[str, Any]:
+    """Bench ``bundle`` on the device profile ``device``; write the report to ``out`` when given.
+
+    ``threads_given=False``: the bench runs with the profile's default thread count instead of cfg's.
+    """
+    profile = load_profile(device, overrides)
+    check_out(out, resume)
+    if not threads_given:
+        cfg = replace(cfg, threads=profile.default_threads)
+    partial = partial_path(out) if out is not None else None
+    if partial is not None and partial.is_file() and not resume:
+        log(f"starting over: {partial} (from an interrupted bench) is replaced; --resume would continue it")
+    transport = transport_for(profile)
+    device_info = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
+    try:
+        report = bench(bundle, cfg, device=device_info, transport=transport, progress=progress,
+                       partial=partial, resume=resume)  # fmt: skip
+    finally:
+        close = getattr(transport, "close", None)
+        if close is not None:
+            close()
+    if out is not None:
+        write_report(report, out)
+    return report

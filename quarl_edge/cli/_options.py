@@ -1,0 +1,64 @@
+"""Option aliases and small parsers shared by every command group (each defined once, here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from quarl_edge.runtimes.errors import InputError
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="print the result as JSON on stdout (logs go to stderr)")
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks instead of one-line errors")]
+ZooOpt = Annotated[
+    Path | None, typer.Option("--zoo", help="a zoo folder of your own (default: the built-in zoo)")
+]
+AddressOpt = Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")]
+PolicyOpt = Annotated[Path, typer.Option("--policy", "-p", help="checkpoint folder or SB3 / RL Zoo .zip")]
+EnvOpt = Annotated[str | None, typer.Option("--env", help="environment id (for .zip files that do not say)")]
+AlgoOpt = Annotated[str | None, typer.Option("--algo", help="algorithm of a .zip when it cannot be inferred")]
+VecNormOpt = Annotated[
+    Path | None, typer.Option("--vecnormalize", help="SB3 VecNormalize .pkl to bake into the graph")
+]
+SeedOpt = Annotated[int, typer.Option("--seed")]
+QatActivationsOpt = Annotated[
+    bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")
+]
+# Device profile overrides (bench, devices show/check/trust)
+DeviceNameArg = Annotated[str, typer.Argument(help="device profile name (see `quarl-edge devices list`)")]
+HostOpt = Annotated[str | None, typer.Option("--host", help="device address (overrides the profile)")]
+UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (overrides the profile)")]
+PortOpt = Annotated[int | None, typer.Option("--port", help="SSH port (overrides the profile)")]
+IdentityOpt = Annotated[
+    str | None, typer.Option("--identity", help="private key file, mode 0600 (overrides the profile)")
+]
+
+
+def out_option(help: str) -> Any:
+    """The `--out` option of a command that writes (what it writes differs, the flag does not)."""
+    return typer.Option("--out", help=help)
+
+
+def overrides(host: str | None, user: str | None, port: int | None, identity: str | None) -> dict[str, Any]:
+    return {"host": host, "user": user, "port": port, "identity": identity}
+
+
+def int_list(text: str | None, flag: str, example: str) -> tuple[int, ...] | None:
+    """'2,4,8' -> (2, 4, 8); None for no text; a domain error naming ``flag`` for anything else."""
+    if not text:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"{flag} {text!r} is not a list of integers", f"e.g. {flag} {example}") from None
+    if not values:
+        raise InputError(f"{flag} {text!r} is empty", f"e.g. {flag} {example}")
+    return values
+
+
+def name_list(text: str | None) -> tuple[str, ...] | None:
+    """'a,b' -> ('a', 'b'); None for no text."""
+    return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None

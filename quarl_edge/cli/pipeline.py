@@ -1,0 +1,234 @@
+"""The pipeline's verbs, one thin command each: envs, train, record, export, bench, gate, demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from quarl_edge.cli._options import (
+    AlgoOpt,
+    EnvOpt,
+    HostOpt,
+    IdentityOpt,
+    JsonOpt,
+    PolicyOpt,
+    PortOpt,
+    QatActivationsOpt,
+    SeedOpt,
+    UserOpt,
+    VecNormOpt,
+    int_list,
+    name_list,
+    out_option,
+    overrides,
+)
+from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, table
+
+MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
+
+
+def register(app: typer.Typer) -> None:
+    for command in (envs, train, record, export, bench, gate, demo):
+        app.command()(handle_errors(command))
+
+
+def envs(as_json: JsonOpt = False) -> None:
+    """List the built-in environments and their preprocessing."""
+    from quarl_edge.policy.registry import BUILTIN, env_config
+
+    columns = ["id", "family", "model", "extra", "wrappers"]
+    rows = [[e.id, e.family, e.default_model, e.extra or "-",
+             ", ".join(w.name for w in env_config(e.id).wrappers) or "-"] for e in BUILTIN.values()]  # fmt: skip
+    if as_json:
+        print_json([dict(zip(columns, r, strict=True)) for r in rows])
+    else:
+        table("built-in environments (any other gymnasium id works too)", columns, rows)
+
+
+def train(
+    env: Annotated[str, typer.Option("--env", help="environment id, e.g. CartPole-v1 or ALE/Pong-v5")],
+    algo: Annotated[str, typer.Option("--algo", help="ppo, a2c, dqn, ddpg, td3 or sac")],
+    out: Annotated[Path, out_option("checkpoint folder to write")],
+    steps: Annotated[int | None, typer.Option("--steps", help="environment steps (default: per env/algo)")] = None,
+    seed: SeedOpt = 0,
+    model: Annotated[str | None, typer.Option("--model", help="mlp or nature_cnn (default: per env)")] = None,
+    net_arch: Annotated[str | None, typer.Option("--net-arch", help="hidden sizes, e.g. 64,64")] = None,
+    eval_episodes: Annotated[int, typer.Option("--eval-episodes")] = 10,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="save every N steps")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --out")] = False,
+    keep_best: Annotated[int, typer.Option("--keep-best", help="score N episodes at every checkpoint and end with the best weights (needs --checkpoint-every)")] = 0,
+    qat_bits: Annotated[int | None, typer.Option("--qat-bits", help="quantization-aware training, N bits (2..8)")] = None,
+    quant_delay: Annotated[int, typer.Option("--quant-delay", help="fp32 steps before fake quantization")] = 0,
+    qat_activations: QatActivationsOpt = True,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Train a policy (Stable-Baselines3; fp32, or quantization-aware with --qat-bits) and save a checkpoint."""
+    from quarl_edge.train.qat import QATConfig
+    from quarl_edge.train.trainer import TrainConfig, summary_lines
+    from quarl_edge.train.trainer import train as run_train
+
+    qat = (
+        QATConfig(bits=qat_bits, delay=quant_delay, activations=qat_activations)
+        if qat_bits is not None
+        else None
+    )
+    cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, seed=seed, model=model,
+                      net_arch=int_list(net_arch, "--net-arch", "64,64"), eval_episodes=eval_episodes,
+                      checkpoint_every=checkpoint_every, resume=resume, qat=qat, keep_best=keep_best)  # fmt: skip
+    policy = run_train(cfg)
+    if as_json:
+        print_json({"out": str(out), "spec": policy.spec.to_dict()})
+        return
+    for line in summary_lines(policy, out):
+        info(line)
+    info(f"next: quarl-edge record --policy {out} --out calibration_data/{out.name}.npz")
+
+
+def record(
+    policy: PolicyOpt,
+    out: Annotated[Path, out_option("trace file to write (.npz)")],
+    episodes: Annotated[int, typer.Option("--episodes")] = 10,
+    epsilon: Annotated[float, typer.Option("--epsilon", help="exploration noise for calibration coverage")] = 0.1,
+    seed: SeedOpt = 0,
+    max_steps: MaxStepsOpt = None,
+    max_samples: Annotated[int | None, typer.Option("--max-samples", help="cap on recorded steps")] = None,
+    env: EnvOpt = None,
+    algo: AlgoOpt = None,
+    vecnormalize: VecNormOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Record rollouts (observations, actions, rewards, episode boundaries, seeds) as calibration data."""
+    from quarl_edge.policy.load import load_policy
+    from quarl_edge.record import RecordConfig, record_to_file
+
+    cfg = RecordConfig(
+        episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps, max_samples=max_samples
+    )
+    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out)
+    if as_json:
+        print_json({"out": str(out), "samples": trace.samples, "episodes": trace.episodes, "sha256": trace.sha256,
+                    "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
+        return
+    info(f"recorded {trace.samples} steps in {trace.episodes} episodes to {out} (sha256 {trace.sha256[:12]})")
+    info(
+        f"next: quarl-edge export --policy {policy} --calibration {out} --to onnx-fp32,onnx-int8 --out bundles/NAME"
+    )
+
+
+def export(
+    policy: PolicyOpt,
+    out: Annotated[Path, out_option("bundle folder to write")],
+    to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
+    method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
+    percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
+    per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
+    full_int8: Annotated[bool, typer.Option("--full-int8", help="quantize the input and output layers too")] = False,
+    env: EnvOpt = None,
+    algo: AlgoOpt = None,
+    vecnormalize: VecNormOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.exporters.base import ExportConfig, resolve_targets
+    from quarl_edge.policy.load import load_policy
+
+    cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
+                       float_io_layers=not full_int8)  # fmt: skip
+    targets = tuple(resolve_targets(to))
+    pol = load_policy(policy, env, algo, vecnormalize)
+    if calibration is None:
+        info("no --calibration given: recording 10 episodes for calibration")
+    manifest = export_bundle(
+        pol, BundleRequest(out=out, targets=targets, calibration=calibration, config=cfg)
+    )
+    if as_json:
+        print_json(manifest.to_dict())
+        return
+    rows = [[m.name, m.file, f"{m.size_bytes / 1024:.1f} KiB", m.sha256[:12]] for m in manifest.models]
+    table(f"bundle {out}", ["model", "file", "size", "sha256"], rows)
+    info(f"next: quarl-edge bench --bundle {out} --out reports/{out.name}.json")
+
+
+def bench(
+    bundle: Annotated[Path, typer.Option("--bundle", help="bundle folder")],
+    device: Annotated[str, typer.Option("--device", help="device profile name")] = "local",
+    episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
+    threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
+    latency_samples: Annotated[int, typer.Option("--latency-samples")] = 1000,
+    max_steps: MaxStepsOpt = None,
+    models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="replay trace (default: the bundle's)")] = None,
+    out: Annotated[Path | None, out_option("report .json (a .md is written beside it)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="finish an interrupted bench (its --out .partial.json)")] = False,
+    host: HostOpt = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Latency, size, memory and paired-seed reward drift of every model in a bundle, here or on a device."""
+    from quarl_edge.bench.device import bench_on_device, model_count
+    from quarl_edge.bench.report import columns, print_lines, rows
+    from quarl_edge.bench.run import BenchConfig
+
+    cfg = BenchConfig(episodes=episodes, seed=seed, threads=threads or 1, latency_samples=latency_samples,
+                      max_steps=max_steps, models=name_list(models), trace=trace)  # fmt: skip
+    with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
+        report = bench_on_device(bundle, cfg, device, overrides(host, user, port, identity), out, resume,
+                                 progress=lambda ev: ev.get("event") in ("episode", "latency")
+                                 and advance(f"bench {ev.get('model', '')}"),
+                                 log=info, threads_given=threads is not None)  # fmt: skip
+    warnings, title, after = print_lines(report, out)
+    for line in warnings:
+        info(line)
+    if as_json:
+        print_json(report)
+        return
+    table(title, columns(report), rows(report))
+    for line in after:
+        info(line)
+
+
+def gate(
+    report: Annotated[Path, typer.Argument(help="bench report .json")],
+    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
+    min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input."""
+    from quarl_edge.bench.report import read_report
+    from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
+
+    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
+                     max_p99_ms=max_p99_ms)  # fmt: skip
+    data = read_report(report)
+    checks = evaluate(data, cfg)
+    write_outputs(data, checks, junit, markdown)
+    failed = [c for c in checks if not c.passed]
+    if as_json:
+        print_json({"passed": not failed, "checks": [c.__dict__ for c in checks]})
+    else:
+        table(f"gate {report}", ["model", "check", "value", "limit", "result"], check_rows(checks))
+    for c in failed:
+        info(f"[bold red]FAIL[/] {c.message}")
+    if failed:
+        raise typer.Exit(1)
+    info("[bold green]PASS[/] every quantized model is within the thresholds")
+
+
+def demo(
+    out: Annotated[Path, out_option("work folder for the bundle and report")] = Path("out/demo"),
+    episodes: Annotated[int, typer.Option("--episodes")] = 20,
+) -> None:
+    """Export -> bench -> gate on the shipped CartPole PPO policy, and print the comparison."""
+    from quarl_edge.demo import run_demo
+
+    raise typer.Exit(run_demo(out, episodes))
