@@ -140,6 +140,21 @@ class Status:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def rows(self) -> list[tuple[str, str]]:
+        """What `devices emulate BOARD status` prints, field by field."""
+        size = f"{self.rootfs_size_bytes / 2**20:.0f} MiB" if self.rootfs_size_bytes else "-"
+        runtimes = ", ".join(f"{k} {v or '(left out: no wheel)'}" for k, v in self.runtimes.items())
+        rows = [("device", self.device), ("built", "yes" if self.built else "no"),
+                ("running", f"yes (pid {self.pid})" if self.running else "no"),
+                ("address", f"{self.address}:{self.port} in namespace {self.namespace}"),
+                ("link rate", self.rate or "unshaped"), ("rootfs", f"{self.rootfs} ({size})"),
+                ("runtimes", runtimes or "-"), ("emulated", "true (qemu-user: latency is not the board's)")]  # fmt: skip
+        if self.build_seconds is not None:
+            rows.append(("last build", f"{self.build_seconds:.0f} s"))
+        if self.start_seconds is not None:
+            rows.append(("start", f"{self.start_seconds:.1f} s"))
+        return rows
+
     def ssh_command(self) -> str:
         return shlex.join(
             ["ssh", "-i", str(self.identity), "-o", f"UserKnownHostsFile={self.known_hosts}"]

@@ -116,6 +116,57 @@ def setup(
     return f"{venv}/bin/python"
 
 
+@dataclass(frozen=True)
+class SetupResult:
+    device: str
+    python: str
+    """the device venv's python"""
+    wheels: tuple[Path, ...]
+    packages: tuple[str, ...]
+
+    def versions(self) -> dict[str, str]:
+        return wheelhouse.wheel_versions(list(self.wheels))
+
+    def shown(self) -> str:
+        """'numpy 2.1, onnxruntime 1.20, ...': each installed package with its version."""
+        v = self.versions()
+        names = [wheelhouse.requirement_name(p) for p in self.packages]
+        return ", ".join(f"{n} {v.get(wheelhouse.canonical(n), '?')}" for n in names)
+
+
+def setup_device(
+    name: str,
+    wheelhouse_dir: Path | None = None,
+    arch: str = "aarch64",
+    python_version: str = "3.11",
+    packages: tuple[str, ...] = (),
+    log: Any = print,
+) -> SetupResult:
+    """`devices setup NAME`: wheels for the device (given in ``wheelhouse_dir``, else downloaded into it),
+    uploaded, and a venv built from them on the device."""
+    wh = wheelhouse
+    spec = wh.WheelhouseSpec(
+        arch=arch, python_version=python_version, packages=wh.RUNTIME_PACKAGES + packages
+    )
+    pins: list[wh.Pin] | None = None
+    with open_device(name) as (shell, venv):  # a bad name fails before any download
+        given = wh.resolve(spec, wheelhouse_dir, download_missing=False)
+        if given:  # carried to an offline host: install what is there, import what it provides
+            have = wh.wheel_versions(given)
+            spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=tuple(
+                p for p in spec.packages if wh.canonical(wh.requirement_name(p)) in have or p not in wh.OPTIONAL_PACKAGES
+            ))  # fmt: skip
+        else:  # the host's versions where the device has wheels for them, else the newest that do
+            spec, pins = wh.platform_pinned(spec)
+            for p in pins:
+                if p.version != p.host:
+                    log(f"{p.name}: {p.version or 'left out'} ({p.reason})")
+        wheels = given or wh.download(spec, wheelhouse_dir, pins=pins)
+        log(f"uploading {len(wheels)} wheels to {name} and building the venv {venv} there")
+        python = setup(shell, wheels, venv=venv, packages=spec.packages)
+    return SetupResult(name, python, tuple(wheels), spec.packages)
+
+
 def _check(proc: subprocess.CompletedProcess[str], command: str) -> None:
     if proc.returncode != 0:
         raise SetupError(

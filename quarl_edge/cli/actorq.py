@@ -21,25 +21,17 @@ def actorq(
     out: Annotated[Path, out_option("folder for log.json, breakdown.png, curve.png, checkpoint/")],
     algo: Annotated[str, typer.Option("--algo", help="dqn (discrete) or d4pg (continuous)")] = "dqn",
     actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
-    actor_precision: Annotated[
-        str, typer.Option("--actor-precision", help="fp32, fp16 or int8 (ONNX Runtime QDQ)")
-    ] = "int8",
-    update_period: Annotated[
-        int, typer.Option("--update-period", help="actor steps between weight pulls")
-    ] = 100,
+    actor_precision: Annotated[str, typer.Option("--actor-precision", help="fp32, fp16 or int8 (ONNX Runtime QDQ)")] = "int8",
+    update_period: Annotated[int, typer.Option("--update-period", help="actor steps between weight pulls")] = 100,
     address: AddressOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
     seed: SeedOpt = 0,
-    hidden: Annotated[
-        str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")
-    ] = None,
-    v_min: Annotated[
-        float | None, typer.Option("--v-min", help="d4pg: lowest value atom (default: known or estimated)")
-    ] = None,
+    hidden: Annotated[str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")] = None,
+    v_min: Annotated[float | None, typer.Option("--v-min", help="d4pg: lowest value atom (default: known or estimated)")] = None,
     v_max: Annotated[float | None, typer.Option("--v-max", help="d4pg: highest value atom")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
     as_json: JsonOpt = False,
-) -> None:
+) -> None:  # fmt: skip
     """ActorQ: fp32 learner, Ray actors at fp32/fp16/int8, runtime breakdown and learning curve."""
     from quarl_edge.actorq import d4pg, dqn
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -94,62 +91,26 @@ def check(
     as_json: JsonOpt = False,
 ) -> None:
     """Connect, and print the device's arch, CPU, cores, Python and which runtimes import."""
+    from quarl_edge.devices.check import check_device
     from quarl_edge.devices.profiles import load_profile
-    from quarl_edge.devices.remote import SSHTransport
 
     p = load_profile(name, overrides(host, user, port, identity))
-    harness: dict[str, Any] = {}
-    if p.transport == "local":
-        facts = _local_info()
-        facts = {"name": p.name, "transport": "local", "emulated": p.emulated, **facts}
-    else:
-        with SSHTransport(p) as t:
-            t.prepare()
-            facts, harness = t.device_facts, t.harness
-    problems = []
-    if p.arch and facts.get("machine") != p.arch:
-        problems.append(f"the profile says {p.arch}, the device is {facts.get('machine')}")
-    if not (facts.get("runtimes") or {}).get(p.preferred_runtime):
-        problems.append(f"the preferred runtime {p.preferred_runtime} does not import on the device")
+    result = check_device(p)
     if as_json:
-        print_json({"device": facts, "harness": harness, "problems": problems})
+        print_json({"device": result.facts, "harness": result.harness, "problems": list(result.problems)})
     else:
-        rows = [
-            ["machine", str(facts.get("machine"))],
-            ["cpu", str(facts.get("cpu_model"))],
-            ["board", str(facts.get("board") or "-")],
-            ["cores", str(facts.get("cores"))],
-            ["python", str(facts.get("python"))],
-            ["uname", str(facts.get("uname"))],
-        ]
-        rows += [[f"import {m}", v if v else "no"] for m, v in (facts.get("runtimes") or {}).items()]
         emu = " (emulated)" if p.emulated else ""
-        table(f"device {p.name}{emu}: {_target(p)}", ["fact", "value"], rows)
-        if harness:
-            info(f"connect {harness['connect_s']:.3f} s, device info {harness['info_s']:.3f} s, "
-                 f"uploaded {harness['uploaded_bytes']} bytes")  # fmt: skip
-    for msg in problems:
+        table(f"device {p.name}{emu}: {_target(p)}", ["fact", "value"], result.rows())
+        if h := result.harness:
+            info(
+                f"connect {h['connect_s']:.3f} s, device info {h['info_s']:.3f} s, uploaded {h['uploaded_bytes']} bytes"
+            )
+    for msg in result.problems:
         info(f"[bold red]FAIL[/] {p.name}: {msg}")
-    if problems:
+    if result.problems:
         hint = f"quarl-edge devices setup {p.name}" if p.transport == "ssh" else "pip install onnxruntime"
         info(f"next: {hint}")
         raise typer.Exit(1)
-
-
-def _local_info() -> dict[str, Any]:
-    r = subprocess.run(
-        [sys.executable, "-m", "quarl_edge.runtimes", "info"], capture_output=True, text=True, timeout=300
-    )
-    line = next((x for x in r.stdout.splitlines() if x.startswith("{")), None)
-    if r.returncode != 0 or line is None:
-        from quarl_edge.runtimes.errors import QuarlError
-
-        raise QuarlError(
-            f"the local runner does not start ({r.stderr.strip()[-200:]})", "reinstall quarl-edge"
-        )
-    data: dict[str, Any] = json.loads(line)
-    data.pop("event", None)
-    return data
 
 
 def trust(

@@ -49,21 +49,7 @@ def emulate(
     if as_json:
         print_json(st.to_dict())
         return
-    size = f"{st.rootfs_size_bytes / 2**20:.0f} MiB" if st.rootfs_size_bytes else "-"
-    rows = [
-        ["device", st.device],
-        ["built", "yes" if st.built else "no"],
-        ["running", f"yes (pid {st.pid})" if st.running else "no"],
-        ["address", f"{st.address}:{st.port} in namespace {st.namespace}"],
-        ["link rate", st.rate or "unshaped"],
-        ["rootfs", f"{st.rootfs} ({size})"],
-        ["runtimes", ", ".join(f"{k} {v or '(left out: no wheel)'}" for k, v in st.runtimes.items()) or "-"],
-        ["emulated", "true (qemu-user: latency is not the board's)"],
-    ]
-    if st.build_seconds is not None:
-        rows.append(["last build", f"{st.build_seconds:.0f} s"])
-    if st.start_seconds is not None:
-        rows.append(["start", f"{st.start_seconds:.1f} s"])
+    rows = st.rows()
     width = max(len(k) for k, _ in rows)
     out.print(f"[bold]emulated {st.board}[/]", highlight=False)
     for k, v in rows:
@@ -90,36 +76,11 @@ def setup(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a venv on the device and install the runtime's wheels, downloaded here (no internet needed there)."""
-    from quarl_edge.devices import setup as remote
-    from quarl_edge.devices import wheelhouse as wh
+    from quarl_edge.devices.setup import setup_device
 
-    spec = wh.WheelhouseSpec(
-        arch=arch, python_version=python_version, packages=wh.RUNTIME_PACKAGES + tuple(package or ())
-    )
-    pins: list[wh.Pin] | None = None
-    with remote.open_device(name) as (shell, venv):  # a bad name fails before any download
-        given = wh.resolve(spec, wheelhouse, download_missing=False)
-        if given:  # carried to an offline host: install what is there, import what it provides
-            have = wh.wheel_versions(given)
-            spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=tuple(
-                p for p in spec.packages if wh.canonical(wh.requirement_name(p)) in have or p not in wh.OPTIONAL_PACKAGES
-            ))  # fmt: skip
-        else:  # the host's versions where the device has wheels for them, else the newest that do
-            spec, pins = wh.platform_pinned(spec)
-            for p in pins:
-                if p.version != p.host:
-                    info(f"{p.name}: {p.version or 'left out'} ({p.reason})")
-        wheels = given or wh.download(spec, wheelhouse, pins=pins)
-        info(f"uploading {len(wheels)} wheels to {name} and building the venv {venv} there")
-        venv_python = remote.setup(shell, wheels, venv=venv, packages=spec.packages)
-    versions = wh.wheel_versions(wheels)
+    result = setup_device(name, wheelhouse, arch, python_version, tuple(package or ()), log=info)
     if as_json:
-        print_json(
-            {"device": name, "python": venv_python, "wheels": [w.name for w in wheels], "versions": versions}
-        )
+        print_json({"device": name, "python": result.python, "wheels": [w.name for w in result.wheels],
+                    "versions": result.versions()})  # fmt: skip
         return
-    shown = ", ".join(
-        f"{wh.requirement_name(p)} {versions.get(wh.canonical(wh.requirement_name(p)), '?')}"
-        for p in spec.packages
-    )
-    info(f"{name}: {shown} import in {venv_python}; next: quarl-edge devices check {name}")
+    info(f"{name}: {result.shown()} import in {result.python}; next: quarl-edge devices check {name}")

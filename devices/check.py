@@ -1,0 +1,60 @@
+"""`devices check`: connect to a device, read its facts, and name what does not match its profile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from quarl_edge.devices.profiles import DeviceProfile
+from quarl_edge.runtimes.errors import QuarlError
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    facts: dict[str, Any]
+    harness: dict[str, Any] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    def rows(self) -> list[list[str]]:
+        f = self.facts
+        rows = [[k, str(f.get(key) or "-") if key == "board" else str(f.get(key))]
+                for k, key in (("machine", "machine"), ("cpu", "cpu_model"), ("board", "board"), ("cores", "cores"),
+                               ("python", "python"), ("uname", "uname"))]  # fmt: skip
+        return rows + [[f"import {m}", v if v else "no"] for m, v in (f.get("runtimes") or {}).items()]
+
+
+def local_facts() -> dict[str, Any]:
+    """The facts the local runner reports (`python -m quarl_edge.runtimes info`)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "quarl_edge.runtimes", "info"], capture_output=True, text=True, timeout=300
+    )
+    line = next((x for x in r.stdout.splitlines() if x.startswith("{")), None)
+    if r.returncode != 0 or line is None:
+        raise QuarlError(
+            f"the local runner does not start ({r.stderr.strip()[-200:]})", "reinstall quarl-edge"
+        )
+    data: dict[str, Any] = json.loads(line)
+    data.pop("event", None)
+    return data
+
+
+def check_device(p: DeviceProfile) -> DeviceCheck:
+    """Connect (SSH, or this machine for `local`), read the facts, compare with the profile."""
+    harness: dict[str, Any] = {}
+    if p.transport == "local":
+        facts = {"name": p.name, "transport": "local", "emulated": p.emulated, **local_facts()}
+    else:
+        from quarl_edge.devices.remote import SSHTransport
+
+        with SSHTransport(p) as t:
+            t.prepare()
+            facts, harness = t.device_facts, t.harness
+    problems = []
+    if p.arch and facts.get("machine") != p.arch:
+        problems.append(f"the profile says {p.arch}, the device is {facts.get('machine')}")
+    if not (facts.get("runtimes") or {}).get(p.preferred_runtime):
+        problems.append(f"the preferred runtime {p.preferred_runtime} does not import on the device")
+    return DeviceCheck(facts, harness, tuple(problems))
