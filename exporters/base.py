@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge.policy.net import Policy
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
@@ -58,9 +59,21 @@ class ExportedModel:
 @dataclass(frozen=True)
 class ExportContext:
     policy: Policy
+    """the policy as trained (a QAT policy keeps its fake quantization in float exports)"""
     calibration: np.ndarray | None  # observations, already subsampled
     config: ExportConfig
     workdir: Path
+    qat: QATConfig | None = None
+    """set for a QAT policy: how it was trained to be quantized"""
+    plain: Policy | None = None
+    """a QAT policy without fake quantization, its weights on the n-bit grid (quarl_edge.quant.deployable)"""
+    learned_ranges: tuple[tuple[float, float] | None, ...] = ()
+    """a QAT policy's learned input range of each quantized layer, in layer order"""
+
+    @property
+    def quantizable(self) -> Policy:
+        """What integer exports quantize: the plain copy of a QAT policy, else the policy itself."""
+        return self.plain if self.plain is not None else self.policy
 
 
 Exporter = Callable[[ExportContext, Path], ExportedModel]
@@ -96,12 +109,6 @@ def register(
     return deco
 
 
-def load_builtin() -> None:
-    # Both modules import their converters lazily, so each registers its targets even when its
-    # optional extra is not installed; resolve_targets() then names the install command.
-    from quarl_edge.exporters import onnx, tflite  # noqa: F401
-
-
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -114,20 +121,3 @@ def missing_dependency(name: str, module: str, requirement: Requirement) -> Miss
         f"export target {name!r} needs the {requirement.extra} extra ({module!r} is not installed)",
         f"install it with: {requirement.install_command()}",
     )
-
-
-def resolve_targets(spec: str | list[str]) -> list[str]:
-    """Validate export target names and their optional dependencies before any expensive step."""
-    load_builtin()
-    names = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec) if t.strip()]
-    if not names:
-        raise InputError("no export targets given", f"pass --to with some of: {', '.join(EXPORTERS)}")
-    unknown = [n for n in names if n not in EXPORTERS]
-    if unknown:
-        raise InputError(f"unknown export target {unknown[0]!r}", f"known targets: {', '.join(EXPORTERS)}")
-    for name in names:
-        req = REQUIREMENTS.get(name)
-        missing = [m for m in req.modules if not _importable(m)] if req is not None else []
-        if req is not None and missing:
-            raise missing_dependency(name, missing[0], req)
-    return list(dict.fromkeys(names))

@@ -237,9 +237,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from quarl_edge.train.qat import deployable
-
-    plain, ranges = deployable(ctx.policy)
+    plain, ranges = ctx.quantizable, ctx.learned_ranges
     fp32 = export_fp32(replace(ctx, policy=plain), ctx.workdir / "qat-src.fp32.onnx")
     pre = ctx.workdir / "qat-src.pre.onnx"
     try:
@@ -285,7 +283,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     quant = {
         "scheme": "static QDQ, int8 activations and weights (S8S8)",
         "ranges": "learned in quantization-aware training (no calibration)",
-        "qat": dict(ctx.policy.arch.qat or {}),
+        "qat": ctx.qat.to_dict() if ctx.qat else {},
         "per_channel": per_channel,
         "calibration_samples": 0,
         "float_nodes": after_last,
@@ -308,13 +306,10 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    qat = ctx.policy.arch.qat
-    if qat and int(qat["bits"]) == 8 and qat.get("activations", True):
+    if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
-    if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
-        from quarl_edge.train.qat import deployable
-
-        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
+    # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
+    ctx = replace(ctx, policy=ctx.quantizable)
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
     cfg = ctx.config
@@ -376,10 +371,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    if ctx.policy.arch.qat:
-        from quarl_edge.train.qat import deployable
-
-        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
+    ctx = replace(ctx, policy=ctx.quantizable)
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int4 export needs calibration observations", "pass --calibration FILE.npz")
     fp32 = export_fp32(ctx, ctx.workdir / "int4-src.fp32.onnx")

@@ -23,6 +23,7 @@ import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -468,14 +469,10 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     The output layer stays float: its output was never quantized in training, so no range was learned.
     """
     _litert_torch("tflite-int8")
-    from dataclasses import replace
-
     from litert_torch.quantize.quant_config import QuantConfig
 
-    from quarl_edge.train.qat import deployable
-
-    qat = dict(ctx.policy.arch.qat or {})
-    plain, learned = deployable(ctx.policy)
+    qat = ctx.qat.to_dict() if ctx.qat else {}
+    plain, learned = ctx.quantizable, ctx.learned_ranges
     ctx = replace(ctx, policy=plain)
     names = compute_layers(plain)
     ranges = dict(zip(names, learned, strict=True))
@@ -518,15 +515,10 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
 
 @register("tflite-int8", calibrated=True, requires=TFLITE)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
-    qat = ctx.policy.arch.qat
-    if qat and int(qat["bits"]) == 8 and qat.get("activations", True):
+    if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
-    if qat:  # fewer bits: the n-bit weights are exported on an int8 grid, activations calibrated
-        from dataclasses import replace
-
-        from quarl_edge.train.qat import deployable
-
-        ctx = replace(ctx, policy=deployable(ctx.policy)[0])
+    # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
+    ctx = replace(ctx, policy=ctx.quantizable)
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
     _litert_torch("tflite-int8")  # the install command if missing; progress output off

@@ -15,9 +15,10 @@ from quarl_edge.exporters.base import (
     NEEDS_CALIBRATION,
     ExportConfig,
     ExportContext,
-    resolve_targets,
 )
+from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.policy.net import Policy
+from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, sha256_file
@@ -56,6 +57,11 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
         raise InputError(
             "the calibration data has no finite observations", "record it again with `quarl-edge record`"
         )
+    # a QAT policy is resolved once into a plain policy + learned ranges; exporters never see training code
+    resolved = deployable(policy) if policy.arch.qat else None
+    qat_fields = (
+        {"qat": resolved.qat, "plain": resolved.plain, "learned_ranges": resolved.ranges} if resolved else {}
+    )
     entries: list[ModelEntry] = []
     with tempfile.TemporaryDirectory(prefix="quarl-export-") as work, atomic_directory(req.out) as tmp:
         for name in targets:
@@ -65,6 +71,7 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
                 calibration=calib_obs if name in NEEDS_CALIBRATION else None,
                 config=req.config,
                 workdir=Path(work),
+                **qat_fields,  # type: ignore[arg-type]
             )
             file = tmp / f"policy.{precision}.{_EXT.get(fmt, fmt)}"
             out = EXPORTERS[name](ctx, file)

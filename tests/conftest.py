@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,44 @@ def cartpole_bundle(
         BundleRequest(out=out, targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=cartpole_calib),
     )
     return out
+
+
+@dataclass(frozen=True)
+class InstalledWheel:
+    wheel: Path
+    venv: Path
+
+    @property
+    def exe(self) -> Path:
+        return self.venv / "bin" / "quarl-edge"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+
+_SKIP_COPY = shutil.ignore_patterns(
+    ".git", ".venv", "build", ".cache", "*.egg-info", "__pycache__", "out", "runs"
+)
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
+    """quarl-edge as a user gets it: the wheel built from a clean copy of the source tree, pip-installed
+    (no editable finder) into a fresh venv whose dependencies are the test venv's (no download)."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    shutil.copytree(ROOT, src, ignore=_SKIP_COPY)  # a stale build/lib would leak old modules into the wheel
+    dist = work / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(src)], check=True, capture_output=True, timeout=600)  # fmt: skip
+    (wheel,) = dist.glob("quarl_edge-*.whl")
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True, timeout=600)  # fmt: skip
+    # the test venv's packages, as a plain path entry: its .pth files (our editable finder) do not run
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
+    return InstalledWheel(wheel, venv)

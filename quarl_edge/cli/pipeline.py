@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -65,7 +65,7 @@ def train(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Train a policy (Stable-Baselines3; fp32, or quantization-aware with --qat-bits) and save a checkpoint."""
-    from quarl_edge.train.qat import QATConfig
+    from quarl_edge.quant.config import QATConfig
     from quarl_edge.train.trainer import TrainConfig, summary_lines
     from quarl_edge.train.trainer import train as run_train
 
@@ -133,7 +133,8 @@ def export(
 ) -> None:  # fmt: skip
     """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
     from quarl_edge.bundle import BundleRequest, export_bundle
-    from quarl_edge.exporters.base import ExportConfig, resolve_targets
+    from quarl_edge.exporters.base import ExportConfig
+    from quarl_edge.exporters.targets import resolve_targets
     from quarl_edge.policy.load import load_policy
 
     cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
@@ -176,13 +177,16 @@ def bench(
     from quarl_edge.bench.report import columns, print_lines, rows
     from quarl_edge.bench.run import BenchConfig
 
-    cfg = BenchConfig(episodes=episodes, seed=seed, threads=threads or 1, latency_samples=latency_samples,
+    cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
                       max_steps=max_steps, models=name_list(models), trace=trace)  # fmt: skip
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev.get("event") in ("episode", "latency"):
+                advance(f"bench {ev.get('model', '')}")
+
         report = bench_on_device(bundle, cfg, device, overrides(host, user, port, identity), out, resume,
-                                 progress=lambda ev: ev.get("event") in ("episode", "latency")
-                                 and advance(f"bench {ev.get('model', '')}"),
-                                 log=info, threads_given=threads is not None)  # fmt: skip
+                                 progress=on_event, log=info, threads_given=threads is not None)  # fmt: skip
     warnings, title, after = print_lines(report, out)
     for line in warnings:
         info(line)

@@ -19,10 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
 from quarl_edge.runtimes.spec import PolicySpec
+from quarl_edge.train.qat import QATClock, convert
 
 CHECKPOINT_FORMAT = "quarl-edge/checkpoint"
 CHECKPOINT_VERSION = 1
@@ -54,8 +56,8 @@ class NetArch:
     norm_clip: float = 10.0
     norm_eps: float = 1e-8
     cnn_features: int = 512
-    qat: dict[str, Any] | None = None
-    """set for quantization-aware-trained policies: {"bits", "activations", "delay"}; the net then runs
+    qat: QATConfig | None = None
+    """set for quantization-aware-trained policies (bits, activations, delay, ...); the net then runs
     with fake quantization (weights on the n-bit grid, activations over the ranges learned in training)"""
 
     def __post_init__(self) -> None:
@@ -71,12 +73,14 @@ class NetArch:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
+        d["qat"] = self.qat.to_dict() if self.qat else None
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NetArch:
         d = dict(d)
         d["hidden"] = tuple(int(h) for h in d.get("hidden", ()))
+        d["qat"] = QATConfig.from_dict(d["qat"]) if d.get("qat") else None
         return cls(**d)
 
     def graph_steps(self) -> tuple[str, ...]:
@@ -85,7 +89,7 @@ class NetArch:
             steps.append("scale_uint8")
         if self.obs_norm:
             steps.append("obs_normalize")
-        steps.append(self.model if not self.qat else f"{self.model}[qat{self.qat['bits']}]")
+        steps.append(self.model if not self.qat else f"{self.model}[qat{self.qat.bits}]")
         steps.append(self.head)
         return tuple(steps)
 
@@ -133,10 +137,7 @@ class PolicyNet(nn.Module):
         self.mlp = nn.Sequential(*layers)
         self.out = nn.Linear(in_dim, arch.out_dim)
         if arch.qat:
-            from quarl_edge.train.qat import QATClock, QATConfig, convert
-
-            qcfg = QATConfig(bits=int(arch.qat["bits"]), activations=bool(arch.qat.get("activations", True)))
-            convert(self, qcfg, QATClock(delay=0))
+            convert(self, arch.qat, QATClock(delay=0))  # deployed: fake quantization on from step 0
         if arch.head in ("clip", "tanh_unscale"):
             low, high = bounds(spec.action_space)
             self.register_buffer("act_low", torch.as_tensor(low, dtype=torch.float32).reshape(-1))

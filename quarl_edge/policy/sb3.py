@@ -23,6 +23,7 @@ import torch
 
 from quarl_edge.policy.net import NetArch, Policy, build_policy
 from quarl_edge.policy.registry import env_config, resolve_id
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.spec import PolicySpec, SpaceSpec
@@ -56,7 +57,7 @@ class SB3Parts:
     activation: str
     normalize_images: bool = True
     squash_output: bool = False
-    qat: dict[str, Any] | None = None
+    qat: QATConfig | None = None
 
 
 def _linear_chain(state: dict[str, torch.Tensor], prefix: str) -> list[str]:
@@ -176,7 +177,7 @@ def policy_from_parts(
     )
 
 
-def parts_from_model(model: Any, algo: str, qat: dict[str, Any] | None = None) -> SB3Parts:
+def parts_from_model(model: Any, algo: str, qat: QATConfig | None = None) -> SB3Parts:
     """From a live SB3 model (our trainer); ``qat`` describes its fake quantization, if any."""
     pol = model.policy
     act_fn = getattr(pol, "activation_fn", None) or getattr(

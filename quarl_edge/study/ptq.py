@@ -230,7 +230,8 @@ def evaluate_task(
 def _export(entry: ZooEntry, work: Path) -> tuple[Path | None, dict[str, str]]:
     """Bundle with every runtime variant that can be exported here; reasons for the others."""
     from quarl_edge.bundle import BundleRequest, export_bundle
-    from quarl_edge.exporters.base import EXPORTERS, load_builtin
+    from quarl_edge.exporters.base import EXPORTERS
+    from quarl_edge.exporters.targets import load_builtin
     from quarl_edge.policy.net import load_checkpoint
 
     load_builtin()

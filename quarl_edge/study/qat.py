@@ -115,7 +115,7 @@ def train_task(
     """One QAT training (a Ray task); returns {"path": ...} or {"skipped": reason}."""
     import torch
 
-    from quarl_edge.train.qat import QATConfig
+    from quarl_edge.quant.config import QATConfig
     from quarl_edge.train.trainer import TrainConfig, train
 
     torch.set_num_threads(1)

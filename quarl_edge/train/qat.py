@@ -11,44 +11,19 @@ optimizer that already holds them are untouched: SB3 policies are wrapped, not f
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.errors import InputError
 
-MIN_BITS, MAX_BITS = 2, 8
 # Layer types that hold no weights to quantize and pass through unchanged
 _PASSTHROUGH = (
     nn.ReLU, nn.Tanh, nn.ELU, nn.LeakyReLU, nn.Identity, nn.Flatten, nn.Sequential, nn.ModuleList,
     nn.ModuleDict, nn.Softmax, nn.Dropout,
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class QATConfig:
-    bits: int
-    """weight and activation bit width, 2..8"""
-    delay: int = 0
-    """environment steps of fp32 training before fake quantization switches on"""
-    activations: bool = True
-    """also fake-quantize each quantized layer's input activations"""
-    ema_decay: float = 0.99
-
-    def __post_init__(self) -> None:
-        if not MIN_BITS <= self.bits <= MAX_BITS:
-            raise InputError(
-                f"--qat-bits must be between {MIN_BITS} and {MAX_BITS} (got {self.bits})", "e.g. --qat-bits 8"
-            )
-        if self.delay < 0:
-            raise InputError(f"--quant-delay must be >= 0 (got {self.delay})", "e.g. --quant-delay 10000")
-        if not 0.0 < self.ema_decay < 1.0:
-            raise InputError("the EMA decay must be in (0, 1)", "e.g. 0.99")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class QATClock:
@@ -197,35 +172,3 @@ def convert(module: nn.Module, cfg: QATConfig, clock: QATClock, path: str = "") 
 
 def qat_layers(module: nn.Module) -> list[tuple[str, _QATMixin]]:
     return [(name, m) for name, m in module.named_modules() if isinstance(m, (QATLinear, QATConv2d))]
-
-
-def deployable(policy: Any) -> tuple[Any, list[tuple[float, float] | None]]:
-    """A plain (non-QAT) copy of a QAT policy whose weights are the effective n-bit weights, and each
-    quantized layer's learned input range (lo, hi), in layer order (None where no range was learned).
-
-    Exporters quantize this copy with the learned ranges instead of calibrating.
-    """
-    import copy
-    from dataclasses import replace
-
-    from quarl_edge.policy.net import build_policy
-
-    ranges: list[tuple[float, float] | None] = []
-    state: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, layer in qat_layers(policy.net):
-            state[f"{name}.weight"] = fake_quant_weight(
-                layer.weight, layer.qat_bits, layer.qat_per_channel
-            ).clone()
-            ranges.append(
-                (min(float(layer.act_lo), 0.0), max(float(layer.act_hi), 0.0))
-                if layer.qat_acts and bool(layer.act_seen)
-                else None
-            )
-        for k, v in policy.net.state_dict().items():
-            if not k.endswith(("act_lo", "act_hi", "act_seen")) and k not in state:
-                state[k] = v.clone()
-    arch = replace(policy.arch, qat=None)
-    plain = build_policy(policy.spec, arch, state)
-    plain.extra = copy.deepcopy(policy.extra)
-    return plain, ranges

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,12 @@ import numpy as np
 from quarl_edge import __version__
 from quarl_edge.policy.net import Policy, save_checkpoint
 from quarl_edge.policy.registry import entry, env_config, resolve_id
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
-from quarl_edge.train.qat import QATClock, QATConfig, convert
+from quarl_edge.train.qat import QATClock, convert
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def train(cfg: TrainConfig) -> Policy:
         # in place: the optimizers keep their parameters; unsupported layers are refused before training
         n_layers = convert(model.policy, cfg.qat, clock)
         clock.step = int(model.num_timesteps)
-        qat_info = {**cfg.qat.to_dict(), "layers": n_layers}
+        qat_info = replace(cfg.qat, layers=n_layers)
     base = base_spec(env_id, cfg.algo, name=cfg.out.name, source="quarl-edge train")
     t0 = time.time()
 
@@ -357,7 +358,7 @@ def train(cfg: TrainConfig) -> Policy:
             **train_info,
         }
         if qat_info:
-            info["qat"] = {**qat_info, "active": bool(clock and clock.active)}
+            info["qat"] = {**qat_info.to_dict(), "active": bool(clock and clock.active)}
         return policy_from_parts(parts_from_model(m, cfg.algo, qat=qat_info), base, extra_train=info)
 
     def save_resume(m: Any) -> None:

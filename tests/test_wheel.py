@@ -1,0 +1,103 @@
+"""The wheel is the tool: every module and data file is in it, and it runs from outside the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import InstalledWheel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# source folder -> where the wheel installs it (pyproject's package-dir mapping)
+ROLE_FOLDERS = {"quarl_edge": "quarl_edge", "exporters": "quarl_edge/exporters", "runtimes": "quarl_edge/runtimes",
+                "devices": "quarl_edge/devices", "calibration_data": "quarl_edge/calibration_data"}  # fmt: skip
+DATA_SUFFIXES = {".py", ".toml", ".npz", ".json", ".typed"}
+
+
+def _source_files() -> set[str]:
+    want = set()
+    for src, dst in ROLE_FOLDERS.items():
+        for f in (ROOT / src).rglob("*"):
+            if f.is_file() and f.suffix in DATA_SUFFIXES and "__pycache__" not in f.parts:
+                rel = f.relative_to(ROOT / src)
+                if src == "quarl_edge" and rel.parts[0] in ROLE_FOLDERS:
+                    continue
+                want.add(f"{dst}/{rel.as_posix()}")
+    return want
+
+
+def _run(w: InstalledWheel, cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PYTHONWARNINGS="ignore", COLUMNS="200", PATH=f"{w.venv / 'bin'}:{env.get('PATH', '')}")
+    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_the_wheel_holds_every_module_and_data_file_of_the_source_tree(
+    installed_wheel: InstalledWheel,
+) -> None:
+    names = set(zipfile.ZipFile(installed_wheel.wheel).namelist())
+    want = _source_files()
+    assert len(want) > 100  # the tree was found: ~90 modules, 11 policies, calibration data, profiles
+    assert not want - names, sorted(want - names)
+    assert any(n.startswith("quarl_edge/calibration_data/") and n.endswith(".npz") for n in names)
+    assert not [
+        n for n in names if n.startswith(("tests/", "docs/", "quarl_edge/quarl_edge/", "quarl_edge/tests/"))
+    ]
+
+
+def test_the_installed_package_walks_to_its_own_modules_only(
+    installed_wheel: InstalledWheel, tmp_path: Path
+) -> None:
+    code = ("import json, pkgutil, quarl_edge; print(json.dumps([quarl_edge.__file__, sorted(m.name for m in "
+            "pkgutil.walk_packages(quarl_edge.__path__, 'quarl_edge.'))]))")  # fmt: skip
+    proc = _run(installed_wheel, tmp_path, str(installed_wheel.python), "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    where, mods = json.loads(proc.stdout)
+    assert Path(where).is_relative_to(installed_wheel.venv)  # the wheel's copy, not the checkout
+    assert {"quarl_edge.cli", "quarl_edge.study.ptq", "quarl_edge.actorq.loop", "quarl_edge.runtimes.runner",
+            "quarl_edge.exporters.onnx", "quarl_edge.devices.ssh", "quarl_edge.calibration_data"} <= set(mods)  # fmt: skip
+    assert not [
+        m for m in mods if m.startswith(("quarl_edge.tests", "quarl_edge.docs", "quarl_edge.quarl_edge"))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--help"], "study"),
+        (["zoo", "list"], "pong-dqn"),
+        (["study", "ptq", "--help"], "--confirm-episodes"),
+        (["actorq", "--help"], "--actor-precision"),
+        (["devices", "list"], "rpi4"),
+    ],
+)
+def test_installed_commands_run_outside_the_checkout(
+    installed_wheel: InstalledWheel, tmp_path: Path, args: list[str], expect: str
+) -> None:
+    proc = _run(installed_wheel, tmp_path, str(installed_wheel.exe), *args)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
+    if args == ["zoo", "list"]:
+        assert "MISSING" not in proc.stdout  # the shipped policies are in the wheel
+
+
+def test_installed_demo_exports_benches_and_gates_outside_the_checkout(
+    installed_wheel: InstalledWheel, tmp_path: Path
+) -> None:
+    proc = _run(
+        installed_wheel, tmp_path, str(installed_wheel.exe), "demo", "--out", "demo", "--episodes", "3"
+    )
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "demo" / "bundle" / "manifest.json").read_text())
+    assert manifest["calibration"]["recorded_on_the_fly"] is False  # the shipped calibration data was found
+    report = json.loads((tmp_path / "demo" / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["onnx-fp32", "onnx-fp16", "onnx-int8"]
+    assert ROOT.as_posix() not in proc.stderr  # nothing ran from the checkout
