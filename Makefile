@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRAS_TEST := dev,atari,box2d,mujoco,actorq,device,tflite
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test test-fast system-deps lint typecheck pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,10 +34,18 @@ typecheck: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target .cache/typecheck .
 	cd .cache/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p quarl_edge
 
+# sshd (SSH tier) and qemu-user + debootstrap (emulated board tier), when root on Debian; see .ci/system-deps
+system-deps:
+	bash .ci/system-deps
+
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: system-deps lint typecheck pytest
+
+# The fast tier (under 3 minutes here): no slow, SSH or emulated-board tests.
+test-fast: $(VENV)/.installed-test
+	$(BIN)/pytest -q -m "not slow and not emulated and not ssh"
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/latency.py

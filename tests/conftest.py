@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,15 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
     return InstalledWheel(wheel, venv)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line naming every tier (test file) that skipped tests, and why: nothing skips silently."""
+    by_file: dict[str, set[str]] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        where = str(rep.location[0]) if getattr(rep, "location", None) else "?"
+        reason = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        by_file.setdefault(where, set()).add(reason.removeprefix("Skipped: "))
+    if by_file:
+        parts = [f"{f} ({'; '.join(sorted(r))})" for f, r in sorted(by_file.items())]
+        terminalreporter.write_line("skipped tiers: " + ", ".join(parts))

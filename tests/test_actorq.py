@@ -54,6 +54,7 @@ def _check_breakdown(role: dict[str, Any], fields: tuple[str, ...]) -> None:
     assert abs(role["sum_s"] - role["wall_s"]) <= 0.1 * role["wall_s"]
 
 
+@pytest.mark.slow
 def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Path) -> None:
     seen: dict[str, Any] = {}
 
@@ -93,6 +94,7 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     assert log2["curve"][: len(log["curve"])] == log["curve"]
 
 
+@pytest.mark.slow
 def test_killed_actor_is_replaced_and_training_continues(local_ray: str, tmp_path: Path) -> None:
     killed: dict[str, int] = {}
 
@@ -280,6 +282,7 @@ def test_throughput_reports_int8_over_fp32_ratio() -> None:
     )
 
 
+@pytest.mark.slow
 def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     study = run_study("quick", tmp_path, progress=lambda _: None)
     assert len(study["runs"]) == 6  # fp32/fp16/int8 at two update periods, one seed
@@ -316,6 +319,7 @@ def test_study_unknown_suite_is_one_line_exit_2(cli: Any, tmp_path: Path) -> Non
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_cli_d4pg_with_hidden_prints_json_with_throughput(
     cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

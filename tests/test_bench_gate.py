@@ -306,6 +306,7 @@ def test_gate_does_not_modify_the_report(cli: Any, report_file: Path, tmp_path: 
 # --- demo ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_exports_benches_and_gates(cli: Any, tmp_path: Path) -> None:
     out = tmp_path / "demo"
     p = cli("demo", "--out", out, "--episodes", "5")

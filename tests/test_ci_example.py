@@ -9,10 +9,14 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 import yaml  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
     from conftest import InstalledWheel
+
+pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`
+
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / "examples" / "ci" / "quarl-edge-gate.yml"

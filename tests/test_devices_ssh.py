@@ -37,9 +37,10 @@ from quarl_edge.runtimes.errors import InputError
 SSHD = Path("/usr/sbin/sshd")
 MODELS = ["onnx-fp32", "onnx-fp16", "onnx-int8"]
 DEV = "sshdev"
-pytestmark = pytest.mark.skipif(
-    not SSHD.is_file(), reason="needs OpenSSH's sshd (apt-get install openssh-server)"
-)
+pytestmark = [
+    pytest.mark.ssh,
+    pytest.mark.skipif(not SSHD.is_file(), reason="needs OpenSSH's sshd (apt-get install openssh-server)"),
+]
 
 
 # ---- the sshd the tests talk to -------------------------------------------------------------------

@@ -199,6 +199,7 @@ def test_cartpole_all_layers_int8_without_float_io(
     assert agree >= 0.9
 
 
+@pytest.mark.slow
 def test_pong_cnn_int8_is_int8_and_3x_smaller(pong_cnn: Exported) -> None:
     fp32, int8 = pong_cnn.entry("onnx-fp32"), pong_cnn.entry("onnx-int8")
     g = inspect_int8(pong_cnn.bundle / int8.file)
@@ -334,6 +335,7 @@ def test_unknown_calibration_method_is_refused() -> None:
     assert "minmax, percentile, entropy" in str(ei.value)
 
 
+@pytest.mark.slow
 def test_float64_observations_calibrate_and_run_int8(tmp_path: Path) -> None:
     """MuJoCo observations are float64; the graphs take float32: calibration and the runner cast."""
     root = Path(__file__).resolve().parents[1]

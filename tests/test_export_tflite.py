@@ -182,6 +182,7 @@ def test_fp32_pendulum_actions_match_torch(pendulum: Exported) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=PARITY_ATOL)
 
 
+@pytest.mark.slow
 def test_fp32_pong_cnn_logits_and_actions_match_torch(pong: Exported, tmp_path: Path) -> None:
     obs = pong.trace.obs
     assert obs.shape == (PONG_SAMPLES, 4, 84, 84) and obs.dtype == np.uint8
@@ -477,6 +478,7 @@ def test_bench_refuses_a_tflite_for_another_observation_shape(
     assert_no_report(report)
 
 
+@pytest.mark.slow
 def test_cli_export_tflite_keeps_stdout_clean_for_json(
     cli: Any, cartpole_policy: Path, cartpole_calib: Path, tmp_path: Path
 ) -> None:

@@ -16,6 +16,8 @@ import pytest
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.study.ptq import Row, StudyConfig, summarize
 
+pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`
+
 
 def test_quick_suite_writes_tables_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "study"

@@ -17,6 +17,8 @@ from quarl_edge.runtimes.errors import InputError
 from quarl_edge.study.ptq import Row
 from quarl_edge.study.qat import QATStudyConfig, markdown, summarize
 
+pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`
+
 
 def test_quick_suite_trains_qat_and_compares_with_ptq(tmp_path: Path) -> None:
     out = tmp_path / "study"

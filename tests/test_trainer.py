@@ -22,6 +22,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algo", "env", "head"), CASES, ids=[f"{a}-{e}" for a, e, _ in CASES])
 def test_train_saves_a_loadable_deterministic_policy(
     cli, tmp_path: Path, algo: str, env: str, head: str
@@ -50,6 +51,7 @@ def test_train_rejects_algorithm_that_does_not_fit_the_action_space(cli, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_periodic_checkpoints_are_complete(cli, tmp_path: Path) -> None:
     out = tmp_path / "ckpt"
     proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--steps", "512", "--checkpoint-every", "256",
@@ -59,6 +61,7 @@ def test_periodic_checkpoints_are_complete(cli, tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".ckpt.*"))  # no temp folders left behind
 
 
+@pytest.mark.slow
 def test_keep_best_ends_with_the_best_scored_weights_and_survives_resume(cli, tmp_path: Path) -> None:
     from quarl_edge.train.trainer import SELECT_SEED0, evaluate
 

@@ -89,6 +89,7 @@ def test_installed_commands_run_outside_the_checkout(
         assert "MISSING" not in proc.stdout  # the shipped policies are in the wheel
 
 
+@pytest.mark.slow
 def test_installed_demo_exports_benches_and_gates_outside_the_checkout(
     installed_wheel: InstalledWheel, tmp_path: Path
 ) -> None:
