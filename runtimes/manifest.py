@@ -6,11 +6,11 @@ A bundle is a folder: ``manifest.json``, one model file per variant, and optiona
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .artifact import read_artifact
 from .errors import InputError, IntegrityError
 from .fsutil import sha256_file
 from .spec import PolicySpec
@@ -87,7 +87,12 @@ class Manifest:
             raise InputError(
                 "manifest.json is not a quarl-edge bundle manifest", "export one with `quarl-edge export`"
             )
-        if int(d.get("schema_version", 0)) > BUNDLE_VERSION:
+        version = d.get("schema_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InputError(
+                f"bundle manifest schema_version {version!r} is not an integer", "re-export the bundle"
+            )
+        if version > BUNDLE_VERSION:
             raise InputError("bundle manifest is newer than this quarl-edge", "upgrade quarl-edge")
         try:
             models = tuple(
@@ -104,6 +109,12 @@ class Manifest:
                 )
                 for m in d["models"]
             )
+            names = [m.name for m in models]
+            twice = next((n for n in names if names.count(n) > 1), None)
+            if twice is not None:  # a model shadowed by a namesake would never be run or checked
+                raise InputError(
+                    f"bundle manifest names the model {twice!r} twice", "re-export the bundle (names are unique)"
+                )
             return cls(
                 policy=PolicySpec.from_dict(d["policy"]),
                 models=models,
@@ -141,10 +152,8 @@ def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] 
         raise InputError(
             f"{str(bundle)!r} is not a bundle (no {MANIFEST_NAME})", "create one with `quarl-edge export`"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise IntegrityError(f"{str(path)!r} is not valid JSON ({e})", "re-export the bundle") from None
+    data = read_artifact(path, BUNDLE_FORMAT, BUNDLE_VERSION, "bundle manifest", "re-export the bundle with "
+                         "`quarl-edge export`", error=IntegrityError)  # fmt: skip
     manifest = Manifest.from_dict(data)
     if verify:
         for m in manifest.models:

@@ -22,7 +22,7 @@ from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
 from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
 from quarl_edge.runtimes.errors import InputError  # noqa: E402
-from quarl_edge.study.actorq import run_study, time_to_target, within_spread, write_outputs  # noqa: E402
+from quarl_edge.study.actorq import ActorQStudyConfig, run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def test_throughput_reports_int8_over_fp32_ratio() -> None:
 
 @pytest.mark.slow
 def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
-    study = run_study("quick", tmp_path, progress=lambda _: None)
+    study = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
     assert len(study["runs"]) == 6  # fp32/fp16/int8 at two update periods, one seed
     assert {r["precision"] for r in study["rows"]} == {"fp32", "fp16", "int8"}
     assert all(r["final_return_mean"] is not None for r in study["rows"])
@@ -294,7 +294,7 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     }  # fmt: skip
     assert "| CartPole-v1 dqn 120x84 | int8 |" in (tmp_path / "actorq.md").read_text()
     # a second run over the same folder reuses the six finished runs instead of training again
-    again = run_study("quick", tmp_path, progress=lambda _: None)
+    again = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
     assert [r["final_return"] for r in again["runs"]] == [r["final_return"] for r in study["runs"]]
 
 

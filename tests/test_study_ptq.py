@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.study.ptq import Row, StudyConfig, summarize
+from quarl_edge.study._common import Row
+from quarl_edge.study.ptq import StudyConfig, summarize
 
 pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`
 
@@ -129,7 +130,8 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
     """A NO from the first episodes is re-run, for real, on more paired seeds and reported beside it."""
     import ray
 
-    from quarl_edge.study.ptq import _confirm, _export, evaluate_task, markdown
+    from quarl_edge.study._evaluate import evaluate_task
+    from quarl_edge.study.ptq import _confirm, _export, markdown
     from quarl_edge.zoo import suite
 
     entry = next(e for e in suite("quick") if e.name == "cartpole-ppo")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.study.ptq import Row
+from quarl_edge.study._common import Row
 from quarl_edge.study.qat import QATStudyConfig, markdown, summarize
 
 pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`

@@ -10,13 +10,13 @@ every event and removed once the full report exists.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json
 
@@ -77,16 +77,8 @@ class PartialBench:
             raise InputError(
                 f"nothing to resume: {str(path)!r} does not exist", "run the bench without --resume"
             )
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(
-                f"{str(path)!r} is not valid JSON ({e})", "delete it and run without --resume"
-            ) from None
-        if not isinstance(data, dict) or data.get("format") != PARTIAL_FORMAT:
-            raise InputError(f"{str(path)!r} is not a partial bench file", "run the bench without --resume")
-        if int(data.get("schema_version", 0)) > PARTIAL_VERSION:
-            raise InputError(f"{str(path)!r} is newer than this quarl-edge", "upgrade quarl-edge")
+        data = read_artifact(path, PARTIAL_FORMAT, PARTIAL_VERSION, "partial bench file",
+                             "delete it and run the bench without --resume")  # fmt: skip
         old = data.get("key") or {}
         diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
         if diff:

@@ -75,8 +75,8 @@ def study_qat(
     from quarl_edge.study import qat
 
     cfg = qat.QATStudyConfig(suite=suite, episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), steps=steps,
-                             address=address, policies=name_list(policies), activations=qat_activations)  # fmt: skip
-    study = qat.run_study(cfg, progress=info, out=out)
+                             address=address, policies=name_list(policies), activations=qat_activations, out=out)  # fmt: skip
+    study = qat.run_study(cfg, progress=info)
     _show(study, qat.write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", qat)
 
 
@@ -89,5 +89,5 @@ def study_actorq(
     """ActorQ: fp32 vs fp16 vs int8 actors on the same seeds; time to target and final return."""
     from quarl_edge.study import actorq
 
-    study = actorq.run_study(suite, out, address, progress=info)
+    study = actorq.run_study(actorq.ActorQStudyConfig(suite=suite, out=out, address=address), progress=info)
     _show(study, actorq.write_outputs(study, out), as_json, f"ActorQ study ({suite})", actorq)

@@ -21,12 +21,11 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.study._common import Progress, check_suite, import_ray, say
 
 STUDY_VERSION = 2
 WINDOW = 10
@@ -110,16 +109,22 @@ def time_to_target(curve: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
-def run_study(
-    suite_name: str, out: Path, address: str | None = None, progress: Callable[[str], None] = print
-) -> dict[str, Any]:
-    if suite_name not in SUITES:
-        raise InputError(f"unknown --suite {suite_name!r}", f"known: {', '.join(SUITES)}")
+@dataclass(frozen=True)
+class ActorQStudyConfig:
+    suite: str = "quick"
+    out: Path = Path("out/study-actorq")
+    """runs go to out/runs/<run>/ (a finished run with the same arguments is reused)"""
+    address: str | None = None
+    """Ray cluster address; None starts a local Ray (only when a run has to be trained)"""
+
+    def __post_init__(self) -> None:
+        check_suite(self.suite, SUITES)
+
+
+def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+    suite_name, out, address, progress = cfg.suite, cfg.out, cfg.address, say(progress)
     suite = SUITES[suite_name]
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError("ActorQ runs on Ray", "pip install 'quarl-edge[actorq]'") from None
+    ray = import_ray("ActorQ")
     from quarl_edge.actorq import d4pg, dqn
 
     runs: list[dict[str, Any]] = []

@@ -7,21 +7,31 @@ Runtime variants run through the device runner (runtimes/), torch variants throu
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
-from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
-from quarl_edge.stats import mean_ci95, mean_std
+from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.stats import mean_ci95
+from quarl_edge.study._common import (
+    Progress,
+    Row,
+    check_bits,
+    check_episodes,
+    check_suite,
+    import_ray,
+    markdown_table,
+    ray_session,
+    unavailable,
+    write_tables,
+)
+from quarl_edge.study._evaluate import evaluate_task
 from quarl_edge.zoo import ZooEntry, suite
 
 RUNTIME_VARIANTS = ("onnx-fp16", "onnx-int8", "tflite-int8")
@@ -48,17 +58,11 @@ class StudyConfig:
     """a user zoo folder (`quarl-edge zoo add --zoo DIR`); None is the built-in zoo"""
 
     def __post_init__(self) -> None:
-        if self.suite not in ("quick", "paper"):
-            raise InputError(f"unknown suite {self.suite!r}", "choose quick or paper")
-        if self.episodes is not None and self.episodes < 2:
-            raise InputError(
-                "--episodes must be at least 2 (a confidence interval needs two)", "e.g. --episodes 20"
-            )
+        check_suite(self.suite, ("quick", "paper"))
+        check_episodes(self.episodes)
         if self.confirm_episodes is not None and self.confirm_episodes < 0:
             raise InputError("--confirm-episodes must be 0 or more", "e.g. --confirm-episodes 100")
-        for b in self.bits or ():
-            if not 2 <= b <= 8:
-                raise InputError(f"bit width {b} out of range", "weight-only bits are 2..8")
+        check_bits(self.bits)
 
     @property
     def n_episodes(self) -> int:
@@ -82,146 +86,6 @@ class StudyConfig:
         )
         start = self.seed + self.n_episodes
         return list(range(start, start + n))
-
-
-@dataclass
-class Row:
-    policy: str
-    env: str
-    algo: str
-    variant: str
-    bits: int | None
-    returns: list[float] = field(default_factory=list)
-    skipped: str | None = None
-    actions: np.ndarray | None = None
-    """actions on the policy's recorded calibration states (for the fidelity column)"""
-    action_range: float | None = None
-    """mean width of the action bounds (continuous actions); None for discrete"""
-    note: str | None = None
-    """shown in the table's note column (e.g. a zoo file that was missing and how the study made do)"""
-
-    def fidelity(self, ref: np.ndarray | None) -> dict[str, float]:
-        """Discrete: share of recorded states where the greedy action equals fp32's. Continuous: mean
-        |action - fp32 action| in % of the action range."""
-        if ref is None or self.actions is None or np.shape(ref) != np.shape(self.actions):
-            return {}
-        if self.action_range is None:
-            return {"agreement_pct": 100.0 * float(np.mean(self.actions == ref))}
-        err = float(np.mean(np.abs(self.actions.astype(np.float64) - ref)))
-        return {"action_err_pct": 100.0 * err / self.action_range}
-
-    def summary(
-        self, fp32: list[float] | None, rand: list[float] | None, ref_actions: np.ndarray | None = None
-    ) -> dict[str, Any]:
-        d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
-                             "bits": self.bits, "skipped": self.skipped}  # fmt: skip
-        if self.note:
-            d["note"] = self.note
-        if self.skipped or not self.returns:
-            return d
-        m, s = mean_std(self.returns)
-        d.update(mean=m, std=s, episodes=len(self.returns), returns=self.returns)
-        if self.variant != "fp32":
-            d.update(self.fidelity(ref_actions))
-        if fp32:
-            f_mean = float(np.mean(fp32))
-            diffs = [b - a for a, b in zip(fp32, self.returns, strict=True)]
-            dm, lo, hi = mean_ci95(diffs)
-            scale = abs(f_mean) if f_mean else 1.0
-            d.update(drop_pct=-100 * dm / scale, drop_ci95_pct=[-100 * hi / scale, -100 * lo / scale])
-            if rand:
-                r_mean = float(np.mean(rand))
-                d["normalized"] = (m - r_mean) / (f_mean - r_mean) if f_mean != r_mean else math.nan
-        return d
-
-
-# ---- evaluation (runs inside Ray tasks) ---------------------------------------------------------------
-
-
-def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[int]) -> list[float]:
-    import torch
-
-    from quarl_edge.policy.net import load_checkpoint
-    from quarl_edge.quant.weights import quantize_weights
-    from quarl_edge.runtimes.envs import make_env
-
-    torch.set_num_threads(1)
-    policy = load_checkpoint(policy_dir)
-    if bits is not None:
-        policy = quantize_weights(policy, bits)
-    env = make_env(policy.spec.env)
-    out = []
-    try:
-        for seed in seeds:
-            obs, _ = env.reset(seed=seed)
-            env.action_space.seed(seed)
-            done, ret = False, 0.0
-            while not done:
-                action = env.action_space.sample() if variant == "random" else policy.act(obs)
-                obs, r, term, trunc, _ = env.step(action)
-                ret += float(r)
-                done = term or trunc
-            out.append(ret)
-    finally:
-        env.close()
-    return out
-
-
-def _returns_runtime(bundle: str, model: str, seeds: list[int]) -> list[float]:
-    from quarl_edge.runtimes.runner import PolicyRunner
-
-    runner = PolicyRunner(bundle, model, threads=1)
-    return [e.ret for e in runner.episodes(seeds)]
-
-
-FIDELITY_STATES = 1000  # recorded calibration states on which each variant's actions are compared with fp32's
-
-
-def _trace_obs(path: str) -> np.ndarray:
-    from quarl_edge.runtimes.trace import load_trace
-
-    obs = load_trace(path).obs
-    idx = np.linspace(0, len(obs) - 1, min(FIDELITY_STATES, len(obs))).astype(int)
-    return obs[idx]
-
-
-def _actions(kind: str, target: str, variant: str, bits: int | None, trace: str) -> np.ndarray | None:
-    """The variant's actions on the recorded states (None for the random policy)."""
-    obs = _trace_obs(trace)
-    if variant == "random":
-        return None
-    if kind == "torch":
-        from quarl_edge.policy.net import load_checkpoint
-        from quarl_edge.quant.weights import quantize_weights
-
-        policy = load_checkpoint(target)
-        if bits is not None:
-            policy = quantize_weights(policy, bits)
-        x = obs if obs.dtype == np.uint8 else obs.astype(np.float32)
-        return np.concatenate([policy.predict(x[i : i + 256]) for i in range(0, len(x), 256)])
-    from quarl_edge.runtimes.runner import PolicyRunner
-
-    runner = PolicyRunner(target, variant, threads=1)
-    return np.stack([np.asarray(runner.act(o)) for o in obs])
-
-
-def evaluate_task(
-    kind: str, target: str, variant: str, bits: int | None, seeds: list[int], trace: str | None = None
-) -> dict[str, Any]:
-    """One evaluation; returns {"returns": [...], "actions": ...} or {"skipped": reason}.
-    Never raises for user errors."""
-    try:
-        if kind == "torch":
-            out: dict[str, Any] = {"returns": _returns_torch(target, variant, bits, seeds)}
-        else:
-            out = {"returns": _returns_runtime(target, variant, seeds)}
-        if trace is not None:
-            out["actions"] = _actions(kind, target, variant, bits, trace)
-        return out
-    except QuarlError as e:
-        return {"skipped": str(e)}
-    except ImportError as e:
-        return {"skipped": f"not installed: {e}"}
 
 
 # ---- driver -------------------------------------------------------------------------------------------
@@ -263,26 +127,8 @@ def _action_range(entry: ZooEntry) -> float | None:
     return float(np.mean(width[np.isfinite(width)])) if np.isfinite(width).any() else 1.0
 
 
-def _check_entry(entry: ZooEntry) -> str | None:
-    from quarl_edge.policy.registry import env_config
-    from quarl_edge.runtimes.envs import make_env
-
-    if not (entry.path / "policy.json").is_file():
-        return f"zoo file missing: {entry.path.name}/policy.json"
-    try:
-        make_env(env_config(entry.env)).close()
-    except QuarlError as e:
-        return f"environment not available: {e}"
-    return None
-
-
-def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError(
-            "the study runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
-        ) from None
+def run_study(cfg: StudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+    import_ray()  # the install hint before any work
     entries = suite(cfg.suite, cfg.zoo)
     if not entries:
         where = f"zoo {str(cfg.zoo)!r}" if cfg.zoo else "the zoo"
@@ -302,68 +148,60 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
     seeds = cfg.seeds
     rows: list[Row] = []
     pending: list[tuple[Row, Any]] = []
-    started_ray = False
-    with tempfile.TemporaryDirectory(prefix="quarl-study-") as work:
-        if not ray.is_initialized():
-            ray.init(address=cfg.address, num_cpus=None if cfg.address else cfg.num_cpus,
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
-            started_ray = True
-        try:
-            task = ray.remote(num_cpus=1)(evaluate_task)
-            for entry in entries:
-                act_range = _action_range(entry)  # read once per policy
+    with (
+        tempfile.TemporaryDirectory(prefix="quarl-study-") as work,
+        ray_session(cfg.address, cfg.num_cpus) as ray,
+    ):
+        task = ray.remote(num_cpus=1)(evaluate_task)
+        for entry in entries:
+            act_range = _action_range(entry)  # read once per policy
 
-                def row(
-                    variant: str, bits: int | None = None, e: ZooEntry = entry, ar: float | None = act_range
-                ) -> Row:
-                    return Row(e.name, e.env, e.algo, variant, bits, action_range=ar)
+            def row(
+                variant: str, bits: int | None = None, e: ZooEntry = entry, ar: float | None = act_range
+            ) -> Row:
+                return Row(e.name, e.env, e.algo, variant, bits, action_range=ar)
 
-                reason = _check_entry(entry)
-                if reason:
-                    rows.append(Row(entry.name, entry.env, entry.algo, "all", None, skipped=reason))
-                    if progress:
-                        progress(f"skip {entry.name}: {reason}")
-                    continue
+            reason = unavailable(entry.path, entry.env)
+            if reason:
+                rows.append(Row(entry.name, entry.env, entry.algo, "all", None, skipped=reason))
                 if progress:
-                    progress(f"export {entry.name}")
-                try:
-                    bundle, skipped = _export(entry, Path(work))
-                except Exception as e:  # noqa: BLE001 - one policy's export failure must not end the study
-                    msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
-                    bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
-                calib = entry.calibration
-                trace = str(calib) if calib.is_file() else None
-                no_calib = None if trace else (f"zoo file missing: {calib.parent.name}/{calib.name}; int8 "
-                                               "calibrated on rollouts recorded on the fly, fidelity not measured")  # fmt: skip
-                for variant, bits in [("fp32", None), ("random", None)] + [
-                    (f"w{b}", b) for b in cfg.bit_list
-                ]:
-                    r = row(variant, bits)
-                    r.note = no_calib if variant == "fp32" else None
-                    pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds, trace)))
-                for v in RUNTIME_VARIANTS:
-                    r = row(v, 16 if v.endswith("fp16") else 8)
-                    r.note = no_calib if v.endswith("int8") else None
-                    if v in skipped or bundle is None:
-                        r.skipped = skipped.get(v, "export failed")
-                        rows.append(r)
-                    else:
-                        pending.append((r, task.remote("runtime", str(bundle), v, None, seeds, trace)))
-            for i, (r, ref) in enumerate(pending):
-                res = ray.get(ref)
-                r.returns, r.skipped, r.actions = (
-                    res.get("returns", []),
-                    res.get("skipped"),
-                    res.get("actions"),
-                )
-                rows.append(r)
-                if progress:
-                    progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
-            checkpoints = {e.name: e.path for e in entries}
-            confirmations = _confirm(rows, cfg, task, Path(work), checkpoints, progress)
-        finally:
-            if started_ray:
-                ray.shutdown()
+                    progress(f"skip {entry.name}: {reason}")
+                continue
+            if progress:
+                progress(f"export {entry.name}")
+            try:
+                bundle, skipped = _export(entry, Path(work))
+            except Exception as e:  # noqa: BLE001 - one policy's export failure must not end the study
+                msg = str(e) if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}"
+                bundle, skipped = None, {v: f"export failed: {msg}" for v in RUNTIME_VARIANTS}
+            calib = entry.calibration
+            trace = str(calib) if calib.is_file() else None
+            no_calib = None if trace else (f"zoo file missing: {calib.parent.name}/{calib.name}; int8 "
+                                           "calibrated on rollouts recorded on the fly, fidelity not measured")  # fmt: skip
+            for variant, bits in [("fp32", None), ("random", None)] + [(f"w{b}", b) for b in cfg.bit_list]:
+                r = row(variant, bits)
+                r.note = no_calib if variant == "fp32" else None
+                pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds, trace)))
+            for v in RUNTIME_VARIANTS:
+                r = row(v, 16 if v.endswith("fp16") else 8)
+                r.note = no_calib if v.endswith("int8") else None
+                if v in skipped or bundle is None:
+                    r.skipped = skipped.get(v, "export failed")
+                    rows.append(r)
+                else:
+                    pending.append((r, task.remote("runtime", str(bundle), v, None, seeds, trace)))
+        for i, (r, ref) in enumerate(pending):
+            res = ray.get(ref)
+            r.returns, r.skipped, r.actions = (
+                res.get("returns", []),
+                res.get("skipped"),
+                res.get("actions"),
+            )
+            rows.append(r)
+            if progress:
+                progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
+        checkpoints = {e.name: e.path for e in entries}
+        confirmations = _confirm(rows, cfg, task, Path(work), checkpoints, progress)
     return summarize(rows, cfg, confirmations)
 
 
@@ -527,10 +365,8 @@ def markdown(study: dict[str, Any]) -> str:
         "normalized = (R - R_random) / (R_fp32 - R_random); fidelity = on the policy's recorded states, the share "
         "of greedy actions equal to fp32's (discrete) or the mean action error in % of the action range (continuous).",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
+    lines += markdown_table(COLUMNS, table_rows(study))
     lines += ["", "## Sweet spot (fewest weight bits within 2% of fp32) and int8 drift", "",
               "sweet spot = fewest weight-only bits such that every width from there up to 8 keeps reward within 2%.", "",
               "keeps reward = drop ≤ 2% of |fp32 mean|, or the mean inside fp32's own 95% interval. "
@@ -560,41 +396,19 @@ def markdown(study: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CSV_COLUMNS = ("policy", "env", "algo", "variant", "bits", "mean", "std", "episodes", "drop_pct", "normalized",
+               "agreement_pct", "action_err_pct", "skipped", "note")  # fmt: skip
+
+
 def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
     from quarl_edge.study.plots import plot_drift, plot_reward_vs_bits
 
-    out.mkdir(parents=True, exist_ok=True)
-    from quarl_edge.bench.run import finite_json
-
-    atomic_write_json(out / "ptq.json", finite_json(study))
-    atomic_write_text(out / "ptq.md", markdown(study))
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(
-        [
-            "policy",
-            "env",
-            "algo",
-            "variant",
-            "bits",
-            "mean",
-            "std",
-            "episodes",
-            "drop_pct",
-            "normalized",
-            "agreement_pct",
-            "action_err_pct",
-            "skipped",
-            "note",
-        ]
-    )
-    for s in study["results"]:
-        w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
-                    s.get("episodes"), s.get("drop_pct"), s.get("normalized"), s.get("agreement_pct"),
-                    s.get("action_err_pct"), s.get("skipped") or "", s.get("note") or ""])  # fmt: skip
-    atomic_write_text(out / "ptq.csv", buf.getvalue())
-    pngs = [
+    rows = [
+        [s.get(c) if c not in ("skipped", "note") else s.get(c) or "" for c in CSV_COLUMNS]
+        for s in study["results"]
+    ]
+    files = write_tables(out, "ptq", study, markdown(study), CSV_COLUMNS, rows)
+    return files + [
         plot_reward_vs_bits(study, out / "ptq_reward_vs_bits.png"),
         plot_drift(study, out / "ptq_int8_drift.png"),
     ]
-    return [out / "ptq.json", out / "ptq.md", out / "ptq.csv", *pngs]

@@ -8,18 +8,27 @@ checkpoint on its n-bit grid in torch. Trainings and evaluations are Ray tasks (
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
-from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
-from quarl_edge.study.ptq import Row, evaluate_task
+from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.study._common import (
+    Progress,
+    Row,
+    check_bits,
+    check_episodes,
+    check_suite,
+    import_ray,
+    markdown_table,
+    ray_session,
+    say,
+    unavailable,
+    write_tables,
+)
+from quarl_edge.study._evaluate import evaluate_task
 
 KEEP_FRACTION = 0.9  # the paper's claim: QAT keeps >= 90% of fp32 where PTQ does not
 
@@ -67,15 +76,14 @@ class QATStudyConfig:
     address: str | None = None
     """Ray cluster address; None starts a local Ray"""
     num_cpus: int | None = None
+    out: Path | None = None
+    """keep the QAT trainings in ``out/runs/<task>-qat<bits>`` and reuse a finished one with the same
+    settings (an interrupted paper run continues); None: a temporary folder"""
 
     def __post_init__(self) -> None:
-        if self.suite not in ("quick", "paper"):
-            raise InputError(f"unknown suite {self.suite!r}", "choose quick or paper")
-        if self.episodes is not None and self.episodes < 2:
-            raise InputError("--episodes must be at least 2", "e.g. --episodes 20")
-        for b in self.bits or ():
-            if not 2 <= b <= 8:
-                raise InputError(f"bit width {b} out of range", "QAT and PTQ bits are 2..8")
+        check_suite(self.suite, ("quick", "paper"))
+        check_episodes(self.episodes)
+        check_bits(self.bits, "QAT and PTQ bits")
         if self.steps is not None and self.steps < 64:
             raise InputError(f"--steps must be at least 64 (got {self.steps})", "e.g. --steps 20000")
         if not 0.0 <= self.delay_fraction < 1.0:
@@ -131,18 +139,13 @@ def train_task(
 
 
 def _check(task: QATTask) -> tuple[Any, str | None]:
-    from quarl_edge.policy.registry import env_config
-    from quarl_edge.runtimes.envs import make_env
     from quarl_edge.zoo import load_zoo
 
     entry = next((e for e in load_zoo() if e.name == task.name), None)
-    if entry is None or not (entry.path / "policy.json").is_file():
+    if entry is None:
         return None, f"zoo policy missing: {task.name} (train it, see zoo.json)"
-    try:
-        make_env(env_config(entry.env)).close()
-    except QuarlError as e:
-        return None, f"environment not available: {e}"
-    return entry, None
+    reason = unavailable(entry.path, entry.env)
+    return (None, reason) if reason else (entry, None)
 
 
 def _trained(path: Path, steps: int, seed: int, bits: int, delay: int, activations: bool = True) -> bool:
@@ -159,71 +162,57 @@ def _trained(path: Path, steps: int, seed: int, bits: int, delay: int, activatio
             and qat.get("activations", True) == activations)  # fmt: skip
 
 
-def run_study(
-    cfg: QATStudyConfig, progress: Callable[[str], None] | None = None, out: Path | None = None
-) -> dict[str, Any]:
-    """Run the study; with ``out`` the QAT trainings are kept in ``out/runs/<task>-qat<bits>`` and a
-    finished one with the same settings is reused (an interrupted paper run continues)."""
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError(
-            "the study runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
-        ) from None
-    say = progress or (lambda _m: None)
+def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the study (trainings and evaluations as Ray tasks); see QATStudyConfig.out for reuse."""
+    import_ray()  # the install hint before any work
+    log = say(progress)
     seeds = cfg.seeds
     rows: list[Row] = []
-    started = False
-    with tempfile.TemporaryDirectory(prefix="quarl-study-qat-") as tmp:
-        work = Path(out) / "runs" if out is not None else Path(tmp)
-        if not ray.is_initialized():
-            ray.init(address=cfg.address, num_cpus=None if cfg.address else cfg.num_cpus,
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
-            started = True
-        try:
-            evaluate = ray.remote(num_cpus=1)(evaluate_task)
-            trainer = ray.remote(num_cpus=1)(train_task)
-            evals: list[tuple[Row, Any]] = []
-            trainings: list[tuple[Row, Any]] = []
-            for task in cfg.tasks:
-                entry, reason = _check(task)
-                if reason:
-                    rows.append(Row(task.name, task.env, task.algo, "all", None, skipped=reason))
-                    say(f"skip {task.name}: {reason}")
+    with (
+        tempfile.TemporaryDirectory(prefix="quarl-study-qat-") as tmp,
+        ray_session(cfg.address, cfg.num_cpus) as ray,
+    ):
+        work = Path(cfg.out) / "runs" if cfg.out is not None else Path(tmp)
+        evaluate = ray.remote(num_cpus=1)(evaluate_task)
+        trainer = ray.remote(num_cpus=1)(train_task)
+        evals: list[tuple[Row, Any]] = []
+        trainings: list[tuple[Row, Any]] = []
+        for task in cfg.tasks:
+            entry, reason = _check(task)
+            if reason:
+                rows.append(Row(task.name, task.env, task.algo, "all", None, skipped=reason))
+                log(f"skip {task.name}: {reason}")
+                continue
+            steps = cfg.steps or task.steps or entry.steps
+            for variant, bits in [("fp32", None), ("random", None)] + [
+                (f"ptq{b}", b) for b in cfg.task_bits(task)
+            ]:
+                ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
+                evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
+            for b in cfg.task_bits(task):
+                suffix = "" if cfg.activations else "-weights"
+                path, delay = work / f"{task.name}-qat{b}{suffix}", int(steps * cfg.delay_fraction)
+                row = Row(task.name, entry.env, entry.algo, f"qat{b}", b)
+                if _trained(path, steps, entry.seed, b, delay, cfg.activations):
+                    trainings.append((row, {"path": str(path)}))
                     continue
-                steps = cfg.steps or task.steps or entry.steps
-                for variant, bits in [("fp32", None), ("random", None)] + [
-                    (f"ptq{b}", b) for b in cfg.task_bits(task)
-                ]:
-                    ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
-                    evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
-                for b in cfg.task_bits(task):
-                    suffix = "" if cfg.activations else "-weights"
-                    path, delay = work / f"{task.name}-qat{b}{suffix}", int(steps * cfg.delay_fraction)
-                    row = Row(task.name, entry.env, entry.algo, f"qat{b}", b)
-                    if _trained(path, steps, entry.seed, b, delay, cfg.activations):
-                        trainings.append((row, {"path": str(path)}))
-                        continue
-                    ref = trainer.remote(
-                        entry.env, entry.algo, steps, entry.seed, b, delay, str(path), cfg.activations
-                    )
-                    trainings.append((row, ref))
-                say(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
-            for row, ref in trainings:
-                res = ref if isinstance(ref, dict) else ray.get(ref)
-                if "skipped" in res:
-                    row.skipped = res["skipped"]
-                    rows.append(row)
-                else:  # bits=None: the QAT checkpoint already runs on its n-bit grid
-                    evals.append((row, evaluate.remote("torch", res["path"], "qat", None, seeds)))
-                say(f"trained {row.policy} {row.variant}")
-            for row, ref in evals:
-                res = ray.get(ref)
-                row.returns, row.skipped = res.get("returns", []), res.get("skipped")
+                ref = trainer.remote(
+                    entry.env, entry.algo, steps, entry.seed, b, delay, str(path), cfg.activations
+                )
+                trainings.append((row, ref))
+            log(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
+        for row, ref in trainings:
+            res = ref if isinstance(ref, dict) else ray.get(ref)
+            if "skipped" in res:
+                row.skipped = res["skipped"]
                 rows.append(row)
-        finally:
-            if started:
-                ray.shutdown()
+            else:  # bits=None: the QAT checkpoint already runs on its n-bit grid
+                evals.append((row, evaluate.remote("torch", res["path"], "qat", None, seeds)))
+            log(f"trained {row.policy} {row.variant}")
+        for row, ref in evals:
+            res = ray.get(ref)
+            row.returns, row.skipped = res.get("returns", []), res.get("skipped")
+            rows.append(row)
     return summarize(rows, cfg)
 
 
@@ -307,10 +296,8 @@ def markdown(study: dict[str, Any]) -> str:
         f"({'weights and activations' if study.get('qat_activations', True) else 'weights only'}; "
         "same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in table_rows(study)]
+    lines += markdown_table(COLUMNS, table_rows(study))
     return "\n".join(lines) + "\n"
 
 
@@ -342,17 +329,11 @@ def plot(study: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
-    from quarl_edge.bench.run import finite_json
+CSV_COLUMNS = ("task", "env", "algo", "variant", "bits", "mean", "std", "episodes", "normalized", "skipped")
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "qat.json", finite_json(study))
-    atomic_write_text(out / "qat.md", markdown(study))
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["task", "env", "algo", "variant", "bits", "mean", "std", "episodes", "normalized", "skipped"])
-    for s in study["results"]:
-        w.writerow([s["policy"], s["env"], s["algo"], s["variant"], s.get("bits"), s.get("mean"), s.get("std"),
-                    s.get("episodes"), s.get("normalized"), s.get("skipped") or ""])  # fmt: skip
-    atomic_write_text(out / "qat.csv", buf.getvalue())
-    return [out / "qat.json", out / "qat.md", out / "qat.csv", plot(study, out / "qat_reward_vs_bits.png")]
+
+def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
+    keys = ("policy",) + CSV_COLUMNS[1:]
+    rows = [[s.get(k) if k != "skipped" else s.get(k) or "" for k in keys] for s in study["results"]]
+    files = write_tables(out, "qat", study, markdown(study), CSV_COLUMNS, rows)
+    return files + [plot(study, out / "qat_reward_vs_bits.png")]

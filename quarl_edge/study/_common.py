@@ -1,0 +1,180 @@
+"""The studies' shared core: one Ray session helper, one validation of suites, episodes and bit widths,
+env availability, the typed result row, and one writer for the JSON / Markdown / CSV tables.
+
+Every study has the same two calls: ``run_study(config, progress=None) -> study`` (a JSON-able dict,
+the committed format) and ``write_outputs(study, out) -> files``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.stats import mean_ci95, mean_std
+
+Progress = Callable[[str], None]
+MIN_BITS, MAX_BITS = 2, 8
+
+
+def say(progress: Progress | None) -> Progress:
+    return progress or (lambda _msg: None)
+
+
+# ---- validation (before Ray starts) ------------------------------------------------------------------
+
+
+def check_suite(suite: str, known: Iterable[str]) -> None:
+    known = tuple(known)
+    if suite not in known:
+        raise InputError(f"unknown suite {suite!r}", f"choose {', '.join(known[:-1])} or {known[-1]}")
+
+
+def check_episodes(episodes: int | None, flag: str = "--episodes") -> None:
+    if episodes is not None and episodes < 2:
+        raise InputError(f"{flag} must be at least 2 (a confidence interval needs two)", f"e.g. {flag} 20")
+
+
+def check_bits(bits: Sequence[int] | None, what: str = "weight-only bits") -> None:
+    for b in bits or ():
+        if not MIN_BITS <= b <= MAX_BITS:
+            raise InputError(f"bit width {b} out of range", f"{what} are {MIN_BITS}..{MAX_BITS}")
+
+
+def unavailable(policy_dir: Path, env_id: str) -> str | None:
+    """Why a zoo policy cannot be studied here (its checkpoint is missing, its env does not make), or None."""
+    from quarl_edge.policy.registry import env_config
+    from quarl_edge.runtimes.envs import make_env
+
+    if not (policy_dir / "policy.json").is_file():
+        return f"zoo file missing: {policy_dir.name}/policy.json"
+    try:
+        make_env(env_config(env_id)).close()
+    except QuarlError as e:
+        return f"environment not available: {e}"
+    return None
+
+
+# ---- Ray -----------------------------------------------------------------------------------------------
+
+
+def import_ray(what: str = "the study") -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError(
+            f"{what} runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
+        ) from None
+    return ray
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
+    """Ray, started here (local, or the cluster at ``address``) unless already up; shut down only if
+    started here. Yields the ``ray`` module."""
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, num_cpus=None if address else num_cpus,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---- the result row ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    policy: str
+    env: str
+    algo: str
+    variant: str
+    bits: int | None
+    returns: list[float] = field(default_factory=list)
+    skipped: str | None = None
+    actions: np.ndarray | None = None
+    """actions on the policy's recorded calibration states (for the fidelity column)"""
+    action_range: float | None = None
+    """mean width of the action bounds (continuous actions); None for discrete"""
+    note: str | None = None
+    """shown in the table's note column (e.g. a zoo file that was missing and how the study made do)"""
+
+    def fidelity(self, ref: np.ndarray | None) -> dict[str, float]:
+        """Discrete: share of recorded states where the greedy action equals fp32's. Continuous: mean
+        |action - fp32 action| in % of the action range."""
+        if ref is None or self.actions is None or np.shape(ref) != np.shape(self.actions):
+            return {}
+        if self.action_range is None:
+            return {"agreement_pct": 100.0 * float(np.mean(self.actions == ref))}
+        err = float(np.mean(np.abs(self.actions.astype(np.float64) - ref)))
+        return {"action_err_pct": 100.0 * err / self.action_range}
+
+    def summary(
+        self, fp32: list[float] | None, rand: list[float] | None, ref_actions: np.ndarray | None = None
+    ) -> dict[str, Any]:
+        d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
+                             "bits": self.bits, "skipped": self.skipped}  # fmt: skip
+        if self.note:
+            d["note"] = self.note
+        if self.skipped or not self.returns:
+            return d
+        m, s = mean_std(self.returns)
+        d.update(mean=m, std=s, episodes=len(self.returns), returns=self.returns)
+        if self.variant != "fp32":
+            d.update(self.fidelity(ref_actions))
+        if fp32:
+            f_mean = float(np.mean(fp32))
+            diffs = [b - a for a, b in zip(fp32, self.returns, strict=True)]
+            dm, lo, hi = mean_ci95(diffs)
+            scale = abs(f_mean) if f_mean else 1.0
+            d.update(drop_pct=-100 * dm / scale, drop_ci95_pct=[-100 * hi / scale, -100 * lo / scale])
+            if rand:
+                r_mean = float(np.mean(rand))
+                d["normalized"] = (m - r_mean) / (f_mean - r_mean) if f_mean != r_mean else math.nan
+        return d
+
+
+# ---- writers -------------------------------------------------------------------------------------------
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table: header, separator, one line per row."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+def write_tables(
+    out: Path,
+    stem: str,
+    study: dict[str, Any],
+    markdown: str,
+    csv_header: Sequence[str],
+    csv_rows: Iterable[Sequence[Any]],
+) -> list[Path]:
+    """``out/<stem>.json`` (the study, non-finite numbers as null), ``.md`` and ``.csv``, each atomic."""
+    from quarl_edge.bench.run import finite_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / f"{stem}.json", finite_json(study))
+    atomic_write_text(out / f"{stem}.md", markdown)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(list(csv_header))
+    w.writerows(csv_rows)
+    atomic_write_text(out / f"{stem}.csv", buf.getvalue())
+    return [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.csv"]

@@ -1,0 +1,45 @@
+"""Reading a JSON artifact we wrote (manifest, checkpoint, report, partial bench): one check of the
+file, its size, its JSON, its format tag and schema version, each failure one domain error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, QuarlError
+
+MAX_JSON_BYTES = 64 * 2**20  # our largest (a report of many models) is a few MB
+
+
+def read_artifact(
+    path: Path,
+    fmt: str,
+    max_version: int,
+    what: str,
+    fix: str,
+    error: type[QuarlError] = InputError,
+    version_key: str = "schema_version",
+) -> dict[str, Any]:
+    """``path`` parsed as a ``fmt`` artifact no newer than ``max_version``; ``what`` names it in errors
+    ("report", "partial bench file", ...), ``fix`` says what to do; ``error`` is raised for a damaged file."""
+    where = str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise error(f"{what} {where!r} is {size} bytes, too large to be one", fix)
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{what} {where!r} is not valid JSON ({e})", fix) from None
+    except RecursionError:
+        raise error(f"{what} {where!r} is nested too deeply to be one", fix) from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise InputError(f"{where!r} is not a quarl-edge {what}", fix)
+    version = data.get(version_key, 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise error(f"{what} {where!r} has a {version_key} that is not an integer ({version!r})", fix)
+    if version > max_version:
+        raise InputError(
+            f"{what} {where!r} is newer than this quarl-edge (schema {version})", "upgrade quarl-edge"
+        )
+    return data
