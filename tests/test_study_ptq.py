@@ -131,7 +131,8 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
     import ray
 
     from quarl_edge.study._evaluate import evaluate_task
-    from quarl_edge.study.ptq import _confirm, _export, markdown
+    from quarl_edge.study.ptq import _confirm, _export
+    from quarl_edge.study.ptq_report import markdown
     from quarl_edge.zoo import suite
 
     entry = next(e for e in suite("quick") if e.name == "cartpole-ppo")

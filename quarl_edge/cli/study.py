@@ -51,13 +51,13 @@ def study_ptq(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """PTQ of every zoo policy: fp32, fp16, int8 ONNX/TFLite and weight-only 2..8 bits, same seeds."""
-    from quarl_edge.study import ptq
+    from quarl_edge.study import ptq, ptq_report
 
     suite = suite or ("paper" if zoo else "quick")
     cfg = ptq.StudyConfig(suite=suite, episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), address=address,
                           out=out, policies=name_list(policies), confirm_episodes=confirm_episodes, zoo=zoo)  # fmt: skip
     study = ptq.run_study(cfg, progress=info)
-    _show(study, ptq.write_outputs(study, out), as_json, f"PTQ study ({suite})", ptq)
+    _show(study, ptq_report.write_outputs(study, out), as_json, f"PTQ study ({suite})", ptq_report)
 
 
 def study_qat(
