@@ -77,6 +77,22 @@ def cartpole_bundle(
     return out
 
 
+@pytest.fixture(scope="session")
+def pendulum_bundle(
+    tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
+) -> Path:
+    """fp32 + int8 ONNX bundle of the shipped Pendulum SAC (continuous actions, returns that vary by seed)."""
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.policy.net import load_checkpoint
+
+    out = tmp_path_factory.mktemp("bundles") / "pendulum-sac"
+    export_bundle(
+        load_checkpoint(pendulum_policy),
+        BundleRequest(out=out, targets=("onnx-fp32", "onnx-int8"), calibration=pendulum_calib),
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class InstalledWheel:
     wheel: Path
