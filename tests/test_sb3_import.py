@@ -7,6 +7,7 @@ ONNX model with the device runner on 1,000 raw observations recorded from real e
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import shutil
@@ -381,4 +382,40 @@ def test_malicious_vecnormalize_is_refused_and_not_run(
         capture_output=True,
         timeout=60,
     )
+    assert marker.exists()
+
+
+# ---- malicious policy.pth (weights) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["os.system", "exec", "nested"])
+def test_malicious_policy_pth_is_refused_in_one_line_and_not_run(
+    kind: str, tmp_path: Path, ppo_cartpole_zip: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    payload = _payloads(marker)[kind]
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(ppo_cartpole_zip) as src, zipfile.ZipFile(evil, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "policy.pth":  # the real state dict, with the payload beside the tensors
+                state = torch.load(io.BytesIO(data), weights_only=True)
+                buf = io.BytesIO()
+                torch.save({**state, "extra": payload}, buf)
+                data = buf.getvalue()
+            dst.writestr(item, data)
+
+    with pytest.raises(IntegrityError) as ei:
+        load_sb3_zip(evil)
+    msg = str(ei.value)
+    assert "refusing to load" in msg and "\n" not in msg and "weights_only=False" not in msg
+    with pytest.raises(IntegrityError):
+        load_policy(evil)
+    assert not marker.exists()
+
+    # control: the payload is live, torch's unsafe load (in a throwaway process) does run it
+    code = "import sys, torch; torch.load(sys.argv[1], weights_only=False)"
+    member = tmp_path / "policy.pth"
+    member.write_bytes(zipfile.ZipFile(evil).read("policy.pth"))
+    subprocess.run([sys.executable, "-c", code, str(member)], capture_output=True, timeout=120)
     assert marker.exists()

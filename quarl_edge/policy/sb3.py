@@ -280,10 +280,17 @@ def load_sb3_zip(
         raise IntegrityError(
             f"{str(path)!r} is not a valid zip file", "re-download or re-save the model"
         ) from None
+    except pickle.UnpicklingError as e:
+        # torch's refusal is several lines that end advising weights_only=False: the one thing not to do
+        what = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "global" in ln), "")
+        raise IntegrityError(
+            f"{str(path)!r}: policy.pth holds pickled objects other than tensors; refusing to load it"
+            + (f" ({what[:160]})" if what else ""),
+            "use a zip saved by SB3 from a model you trust (its weights are plain tensors)",
+        ) from None
     # ValueError covers bad JSON and bad UTF-8; torch.load on damaged bytes also raises the others
     except (
         ValueError,
-        pickle.UnpicklingError,
         RuntimeError,
         EOFError,
         IndexError,
