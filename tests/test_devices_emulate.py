@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from quarl_edge.devices import emulate, hostsys, netns, profiles, rootfs, wheelhouse
@@ -413,16 +412,10 @@ def test_setup_commands_run_in_a_real_shell_with_hostile_paths(tmp_path: Path) -
     assert not list(tmp_path.rglob("PWNED"))
 
 
-# ---- CLI (the lead wires register() into `devices`) --------------------------------------------------
+# ---- CLI ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def devices_cli() -> typer.Typer:
-    from quarl_edge.cli.emulate import register
-
-    app = typer.Typer()
-    register(app)
-    return app
+QUARL_EDGE = Path(sys.executable).parent / "quarl-edge"  # the installed entry point, as a user runs it
 
 
 @pytest.mark.parametrize(
@@ -434,20 +427,25 @@ def devices_cli() -> typer.Typer:
         (["setup", "no-such-device"], "unknown device"),
     ],
 )
-def test_cli_errors_are_one_line_exit_2(
-    devices_cli: typer.Typer, config_home: Path, args: list[str], message: str
-) -> None:
-    r = CliRunner().invoke(devices_cli, args)
-    assert r.exit_code == 2, r.output
-    assert message in r.output and r.output.strip().count("\n") == 0
+def test_cli_errors_are_one_line_on_stderr_exit_2(config_home: Path, args: list[str], message: str) -> None:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    r = subprocess.run(
+        [str(QUARL_EDGE), "devices", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
 
 
-def test_cli_status_json(devices_cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_status_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quarl_edge.cli import app  # the real command tree (RUN_DIR is patched, so in process)
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(emulate, "RUN_DIR", tmp_path / "run")
-    r = CliRunner().invoke(devices_cli, ["emulate", "rpi4", "status", "--json"])
+    r = CliRunner().invoke(app, ["devices", "emulate", "rpi4", "status", "--json"])
     assert r.exit_code == 0, r.output
-    data = json.loads(r.stdout)
+    data = json.loads(r.stdout)  # stdout alone: the data, nothing else
     assert data["emulated"] is True and data["running"] is False and data["device"] == "rpi4-emu"
 
 
@@ -501,9 +499,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulate.Status]:
             _emulate("down")
             t1 = time.monotonic()
             st = _emulate("up")
-            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")
-            assert time.monotonic() - t1 < 120
-            assert first < 15 * 60, f"fresh build took {first:.0f} s (budget 15 min)"
+            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")  # figures, not asserts
         size = (st.rootfs_size_bytes or 0) / 2**20
         print(f"[emulated rpi4] rootfs {size:.0f} MiB at {st.rootfs}; runtimes {st.runtimes}")
         yield st
