@@ -415,6 +415,12 @@ def test_setup_commands_run_in_a_real_shell_with_hostile_paths(tmp_path: Path) -
 # ---- CLI ----------------------------------------------------------------------------------------------
 
 
+def _since(t0: float) -> float:
+    """Seconds since ``t0``, for the figures these tests print (never asserted: this machine is shared)."""
+    now = time.monotonic()
+    return now - t0
+
+
 QUARL_EDGE = Path(sys.executable).parent / "quarl-edge"  # the installed entry point, as a user runs it
 
 
@@ -490,7 +496,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulate.Status]:
     try:
         t0 = time.monotonic()
         st = _emulate("up")
-        first = time.monotonic() - t0
+        first = _since(t0)
         kind = "cached start" if before.built else "fresh build + start"
         print(
             f"\n[emulated rpi4] {kind}: {first:.1f} s (build {st.build_seconds} s, sshd start {st.start_seconds} s)"
@@ -499,7 +505,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulate.Status]:
             _emulate("down")
             t1 = time.monotonic()
             st = _emulate("up")
-            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")  # figures, not asserts
+            print(f"[emulated rpi4] cached start: {_since(t1):.1f} s")  # figures, not asserts
         size = (st.rootfs_size_bytes or 0) / 2**20
         print(f"[emulated rpi4] rootfs {size:.0f} MiB at {st.rootfs}; runtimes {st.runtimes}")
         yield st
@@ -573,7 +579,7 @@ def test_emulated_board_runs_onnx_int8_closed_loop(
     r = _ssh(board, f"cd /root/qe && {py} -m quarl_edge.runtimes info")
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"\n[emulated rpi4] runtimes info in {time.monotonic() - t0:.1f} s: {facts}")
+    print(f"\n[emulated rpi4] runtimes info in {_since(t0):.1f} s: {facts}")
     assert facts["machine"] == "aarch64" and facts["python"].startswith("3.11")
     assert facts["runtimes"]["onnxruntime"] and facts["runtimes"]["numpy"] and facts["runtimes"]["gymnasium"]
 
@@ -584,9 +590,7 @@ def test_emulated_board_runs_onnx_int8_closed_loop(
     events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     result = next(e["result"] for e in events if e["event"] == "result")
     shown = {k: result[k] for k in ("runtime", "load_ms", "first_inference_ms", "latency") if k in result}
-    print(
-        f"[emulated rpi4] onnx-int8 run in {time.monotonic() - t0:.1f} s (qemu, not Pi latency): {json.dumps(shown)}"
-    )
+    print(f"[emulated rpi4] onnx-int8 run in {_since(t0):.1f} s (qemu, not Pi latency): {json.dumps(shown)}")
     episodes = [e for e in events if e["event"] == "episode"]
     assert len(episodes) == 2
     assert all(e["ret"] > 0 and not e.get("error") for e in episodes), episodes
@@ -616,7 +620,7 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
     out = tmp_path / "r.json"
     t0 = time.monotonic()
     r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--out", out)
-    took = time.monotonic() - t0
+    took = _since(t0)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
 
@@ -683,9 +687,7 @@ def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
         python = setup.setup(
             shell, wheelhouse.download(spec, pins=pins), venv=wheelhouse.DEVICE_VENV, packages=spec.packages
         )
-    print(
-        f"\n[emulated rpi4] setup over SSH (upload + offline pip install under qemu): {time.monotonic() - t0:.1f} s"
-    )
+    print(f"\n[emulated rpi4] setup over SSH (upload + offline pip install under qemu): {_since(t0):.1f} s")
     r = _ssh(
         board,
         f"{python} -c 'import onnxruntime, platform; print(platform.machine(), onnxruntime.__version__)'",
