@@ -81,7 +81,10 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
         assert a["seconds"]["inference"] > 0 and a["seconds"]["weight_pull"] > 0
     assert log["curve"] and {"wall_s", "env_steps", "return"} <= set(log["curve"][0])
     tp = log["inference_throughput"]
-    assert set(tp["calls_per_s"]) == {"fp32", "int8"} and tp["ratio_vs_fp32"]["int8/fp32"] > 0
+    assert set(tp["calls_per_s"]) == {"fp32", "int8"}
+    assert tp["ratio_vs_fp32"]["int8/fp32"] == pytest.approx(
+        tp["calls_per_s"]["int8"] / tp["calls_per_s"]["fp32"]
+    )
     for name in ("log.json", "breakdown.png", "curve.png", "checkpoint/state.json", "checkpoint/model.npz",
                  "checkpoint/model.json", "checkpoint/replay.npz"):  # fmt: skip
         assert (tmp_path / name).is_file(), name
@@ -240,7 +243,10 @@ def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path) -> None:
     assert len(log["curve"]) >= 4 and all(
         -3300 < p["return"] <= 0 for p in log["curve"]
     )  # 200 steps of cost <= 16.3
-    assert log["inference_throughput"]["ratio_vs_fp32"]["int8/fp32"] > 0
+    tp = log["inference_throughput"]
+    assert tp["ratio_vs_fp32"]["int8/fp32"] == pytest.approx(
+        tp["calls_per_s"]["int8"] / tp["calls_per_s"]["fp32"]
+    )
     assert (tmp_path / "checkpoint" / "state.json").is_file() and (tmp_path / "breakdown.png").is_file()
 
 
@@ -277,9 +283,11 @@ def test_throughput_reports_int8_over_fp32_ratio() -> None:
     obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
     models = {p: quantize_broadcast(q.state_dict(), p, obs, 0).model for p in ("fp32", "fp16", "int8")}
     tp = inference_throughput(models, obs, calls=50, rounds=2)
-    assert set(tp["ratio_vs_fp32"]) == {"fp16/fp32", "int8/fp32"} and all(
-        v > 0 for v in tp["calls_per_s"].values()
-    )
+    assert set(tp["ratio_vs_fp32"]) == {"fp16/fp32", "int8/fp32"}
+    calls = tp["calls_per_s"]
+    assert all(v > 0 for v in calls.values())  # each precision was measured
+    for p in ("fp16", "int8"):  # and the ratio is the measured throughputs' quotient, side by side
+        assert tp["ratio_vs_fp32"][f"{p}/fp32"] == pytest.approx(calls[p] / calls["fp32"])
 
 
 @pytest.mark.slow
@@ -332,7 +340,10 @@ def test_cli_d4pg_with_hidden_prints_json_with_throughput(
         assert r.returncode == 0, r.stderr
         log = json.loads(r.stdout)
         assert log["args"]["hidden"] == [32, 32] and log["args"]["algo"] == "d4pg" and log["env_steps"] >= 256
-        assert log["inference_throughput"]["ratio_vs_fp32"]["int8/fp32"] > 0
+        tp = log["inference_throughput"]
+        assert tp["ratio_vs_fp32"]["int8/fp32"] == pytest.approx(
+            tp["calls_per_s"]["int8"] / tp["calls_per_s"]["fp32"]
+        )
         assert not _ray_processes_left(d)
 
 

@@ -52,12 +52,38 @@ def test_train_rejects_algorithm_that_does_not_fit_the_action_space(cli, tmp_pat
 
 
 @pytest.mark.slow
-def test_periodic_checkpoints_are_complete(cli, tmp_path: Path) -> None:
-    out = tmp_path / "ckpt"
-    proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--steps", "512", "--checkpoint-every", "256",
-               "--eval-episodes", "0", "--out", out)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert load_checkpoint(out).spec.train["steps"] >= 512
+def test_every_periodic_checkpoint_is_complete_and_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint written during training (not only the last) is a whole, verified checkpoint: a
+    copy is taken the moment each one is saved, and each copy loads with its sha256 checked."""
+    import shutil
+
+    from quarl_edge.train import trainer
+
+    out, seen = tmp_path / "ckpt", []
+    real_save = trainer.save_checkpoint
+
+    def save_and_snapshot(policy, path, **kw):  # type: ignore[no-untyped-def]
+        real_save(policy, path, **kw)
+        snap = tmp_path / f"snap{len(seen)}"
+        shutil.copytree(path, snap)
+        seen.append(snap)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_and_snapshot)
+    trainer.train(trainer.TrainConfig(env="CartPole-v1", algo="ppo", out=out, steps=768, checkpoint_every=256,
+                                      eval_episodes=0, net_arch=(16,)))  # fmt: skip
+    assert len(seen) >= 3  # at 256, 512 (periodic) and the final save
+    steps = []
+    for snap in seen:
+        policy = load_checkpoint(snap)  # checks the weights' sha256 against policy.json
+        steps.append(policy.spec.train["steps"])
+        assert (snap / "weights.npz").is_file() and (snap / "policy.json").is_file()
+    periodic = seen[:-1]
+    assert all(load_checkpoint(s).spec.train.get("partial") for s in periodic)
+    assert not load_checkpoint(seen[-1]).spec.train.get("partial")
+    assert steps == sorted(steps) and steps[0] >= 256 and steps[-1] >= 768
+    assert (out / "resume" / "sb3_model.zip").is_file()  # and the state to resume from
     assert not list(tmp_path.glob(".ckpt.*"))  # no temp folders left behind
 
 
