@@ -1,4 +1,10 @@
-"""Errors a user can cause: exit 2, one `error:` line on stderr, no traceback, no partial output left.
+"""Errors a user can cause: a domain error (QuarlError, exit code 2) that names the problem and the fix,
+raised before the asked-for output is written, so none of it is left behind.
+
+Each case calls the library the way its CLI command does (the ``export``/``record``/``bench``/``gate``/
+``train`` helpers below mirror quarl_edge/cli/pipeline.py); one parametrized test then runs the
+installed ``quarl-edge`` over a handful of them for the CLI's contract: exit 2, one ``error:`` line on
+stderr, no traceback, nothing on stdout.
 
 Plus non-finite observations, which are not errors: the bench goes on and reports them.
 """
@@ -12,32 +18,50 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from quarl_edge.bench.device import bench_on_device
+from quarl_edge.bench.partial import PARTIAL_FORMAT, BenchInterrupted, partial_path
+from quarl_edge.bench.report import read_report
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.exporters.base import ExportConfig
+from quarl_edge.exporters.targets import resolve_targets
+from quarl_edge.gate import GateConfig, evaluate, write_outputs
+from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.record import RecordConfig, record_to_file
+from quarl_edge.runtimes.errors import InputError, IntegrityError, QuarlError
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.runtimes.trace import load_trace, make_trace, save_trace
+from quarl_edge.train.trainer import TrainConfig, train
 
 FAST_BENCH = ("--episodes", "2", "--latency-samples", "50")
+FAST_BENCH_CONFIG = BenchConfig(episodes=2, latency_samples=50)
 
 
-def assert_one_error(p: subprocess.CompletedProcess[str]) -> str:
-    """Exit 2 and exactly one non-blank stderr line, starting with `error:`; returns that line."""
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert p.returncode == 2, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
-    assert "Traceback" not in p.stderr, p.stderr
-    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
-    assert lines[0].startswith("error:"), lines[0]
-    assert len(lines[0]) > len("error: ") + 10
-    return lines[0]
+@contextmanager
+def user_error(
+    kind: type[QuarlError], problem: Sequence[str] = (), fix: Sequence[str] = ()
+) -> Iterator[pytest.ExceptionInfo[QuarlError]]:
+    """The block raises ``kind`` with exit code 2, ``str(e) == "problem; fix"``, each of ``problem``
+    in its problem and each of ``fix`` in its fix (which must be there)."""
+    with pytest.raises(kind) as info:
+        yield info
+    e = info.value
+    assert e.exit_code == 2, f"exit code {e.exit_code} for {e!r}"
+    assert e.fix, f"no fix given: {e}"
+    assert str(e) == f"{e.problem}; {e.fix}" and "\n" not in str(e), repr(str(e))
+    missing = [s for s in problem if s not in e.problem] + [s for s in fix if s not in e.fix]
+    assert not missing, f"{missing} not in {str(e)!r}"
 
 
 def assert_absent(path: Path) -> None:
@@ -50,6 +74,37 @@ def assert_absent(path: Path) -> None:
 def assert_no_report(path: Path) -> None:
     assert_absent(path)
     assert_absent(path.with_suffix(".md"))
+
+
+# --- the library calls behind each command (as quarl_edge/cli/pipeline.py makes them) ---------------
+
+
+def export(
+    policy: Path,
+    out: Path,
+    to: str = "onnx-fp32,onnx-fp16,onnx-int8",
+    calibration: Path | None = None,
+    method: str = "minmax",
+) -> None:
+    cfg = ExportConfig(calibration_method=method)
+    targets = tuple(resolve_targets(to))
+    req = BundleRequest(
+        out=out, targets=targets, calibration=calibration, config=cfg, reads=(("policy", policy),)
+    )
+    export_bundle(load_policy(policy), req)
+
+
+def record(policy: Path, out: Path, env: str | None = None, cfg: RecordConfig = RecordConfig()) -> None:
+    record_to_file(load_policy(policy, env), cfg, out, [("policy", policy)])
+
+
+def bench_to(bundle: Path, out: Path, models: tuple[str, ...] | None = None) -> None:
+    bench_on_device(bundle, dataclasses.replace(FAST_BENCH_CONFIG, models=models), out=out)
+
+
+def gate(report: Path, junit: Path) -> None:
+    data = read_report(report)
+    write_outputs(data, evaluate(data, GateConfig()), junit, None, reads=[("report", report)])
 
 
 @pytest.fixture
@@ -68,60 +123,60 @@ def _flip_byte(path: Path, offset: int | None = None) -> None:
 # --- policies --------------------------------------------------------------------------------------
 
 
-def test_missing_policy_path(cli: Any, tmp_path: Path) -> None:
+def test_missing_policy_path(tmp_path: Path) -> None:
     out = tmp_path / "out" / "b"
-    line = assert_one_error(cli("export", "--policy", tmp_path / "no-such-policy", "--out", out))
-    assert "no-such-policy" in line and "does not exist" in line
+    with user_error(InputError, ["no-such-policy", "does not exist"], ["checkpoint folder", ".zip"]):
+        export(tmp_path / "no-such-policy", out)
     assert_absent(out)
 
 
-def test_folder_that_is_not_a_checkpoint(cli: Any, tmp_path: Path) -> None:
+def test_folder_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    line = assert_one_error(cli("record", "--policy", "empty", "--out", "c.npz"))
-    assert "policy.json" in line
+    with user_error(InputError, ["empty", "policy.json"], ["quarl-edge train"]):
+        record(tmp_path / "empty", tmp_path / "c.npz")
     assert_absent(tmp_path / "c.npz")
 
 
-def test_checkpoint_with_altered_weights(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
+def test_checkpoint_with_altered_weights(cartpole_policy: Path, tmp_path: Path) -> None:
     ckpt = Path(shutil.copytree(cartpole_policy, tmp_path / "ckpt"))
     _flip_byte(ckpt / "weights.npz")
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", ckpt, "--out", out, "--to", "onnx-fp32"))
-    assert "weights.npz" in line and "sha256" in line
+    with user_error(IntegrityError, ["weights.npz", "sha256"], ["re-train or re-import"]):
+        export(ckpt, out, to="onnx-fp32")
     assert_absent(out)
 
 
-def test_checkpoint_whose_policy_json_is_not_json(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
+def test_checkpoint_whose_policy_json_is_not_json(cartpole_policy: Path, tmp_path: Path) -> None:
     ckpt = Path(shutil.copytree(cartpole_policy, tmp_path / "ckpt"))
     (ckpt / "policy.json").write_text('{"format": "quarl-edge/checkpoint", ')
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", ckpt, "--out", out))
-    assert "policy.json" in line and "not valid JSON" in line
+    with user_error(IntegrityError, ["policy.json", "not valid JSON"], ["re-train or re-import"]):
+        export(ckpt, out)
     assert_absent(out)
 
 
-def test_zip_that_is_not_a_zip(cli: Any, tmp_path: Path) -> None:
+def test_zip_that_is_not_a_zip(tmp_path: Path) -> None:
     (tmp_path / "ppo-CartPole-v1.zip").write_bytes(b"PK\x03\x04 this is not really a zip archive")
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", "ppo-CartPole-v1.zip", "--out", out))
-    assert "not a valid zip" in line
+    with user_error(IntegrityError, ["ppo-CartPole-v1.zip", "not a valid zip"], ["re-save"]):
+        export(tmp_path / "ppo-CartPole-v1.zip", out)
     assert_absent(out)
 
 
 # --- bundles ---------------------------------------------------------------------------------------
 
 
-def test_bench_refuses_a_truncated_onnx(cli: Any, bundle_copy: Path, tmp_path: Path) -> None:
+def test_bench_refuses_a_truncated_onnx(bundle_copy: Path, tmp_path: Path) -> None:
     f = bundle_copy / "policy.int8.onnx"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     report = tmp_path / "r.json"
-    line = assert_one_error(cli("bench", "--bundle", bundle_copy, *FAST_BENCH, "--out", report))
-    assert "sha256 mismatch" in line and "policy.int8.onnx" in line
+    with user_error(IntegrityError, ["sha256 mismatch", "policy.int8.onnx"], ["re-export"]):
+        bench_to(bundle_copy, report)
     assert_no_report(report)
 
 
 def test_bench_refuses_a_truncated_onnx_even_with_a_matching_manifest(
-    cli: Any, bundle_copy: Path, tmp_path: Path
+    bundle_copy: Path, tmp_path: Path
 ) -> None:
     """Someone "fixed" the manifest hash to match the damaged file: the ONNX load still fails."""
     f = bundle_copy / "policy.int8.onnx"
@@ -133,37 +188,44 @@ def test_bench_refuses_a_truncated_onnx_even_with_a_matching_manifest(
             m["sha256"], m["size_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
     report = tmp_path / "r.json"
-    line = assert_one_error(cli("bench", "--bundle", bundle_copy, *FAST_BENCH, "--out", report))
-    assert "policy.int8.onnx" in line and "not a loadable ONNX model" in line
+    # fp32 and fp16 ran before int8 failed in the device runner: the bench stops and keeps their episodes
+    # in the partial file (its "fix" is --resume; the runner's own fix, re-export, is in the problem)
+    with user_error(
+        BenchInterrupted,
+        ["policy.int8.onnx", "not a loadable ONNX model", "re-export", "missing: onnx-int8"],
+        ["--resume"],
+    ):
+        bench_to(bundle_copy, report)
+    assert json.loads(partial_path(report).read_text())["format"] == PARTIAL_FORMAT
     assert_no_report(report)
 
 
-def test_bench_refuses_a_modified_model_byte(cli: Any, bundle_copy: Path, tmp_path: Path) -> None:
+def test_bench_refuses_a_modified_model_byte(bundle_copy: Path, tmp_path: Path) -> None:
     _flip_byte(bundle_copy / "policy.int8.onnx")
     report = tmp_path / "r.json"
-    line = assert_one_error(cli("bench", "--bundle", bundle_copy, *FAST_BENCH, "--out", report))
-    assert "sha256 mismatch" in line and "policy.int8.onnx" in line and "re-export" in line
+    with user_error(IntegrityError, ["sha256 mismatch", "policy.int8.onnx"], ["re-export"]):
+        bench_to(bundle_copy, report)
     assert_no_report(report)
 
 
-def test_bench_refuses_a_modified_trace(cli: Any, bundle_copy: Path, tmp_path: Path) -> None:
+def test_bench_refuses_a_modified_trace(bundle_copy: Path, tmp_path: Path) -> None:
     _flip_byte(bundle_copy / "trace.npz")
     report = tmp_path / "r.json"
-    line = assert_one_error(cli("bench", "--bundle", bundle_copy, *FAST_BENCH, "--out", report))
-    assert "trace" in line and "sha256" in line
+    with user_error(IntegrityError, ["trace", "sha256"], ["re-export"]):
+        bench_to(bundle_copy, report)
     assert_no_report(report)
 
 
-def test_bench_on_a_folder_that_is_not_a_bundle(cli: Any, tmp_path: Path) -> None:
+def test_bench_on_a_folder_that_is_not_a_bundle(tmp_path: Path) -> None:
     (tmp_path / "nob").mkdir()
-    line = assert_one_error(cli("bench", "--bundle", "nob", "--out", "r.json"))
-    assert "manifest.json" in line
+    with user_error(InputError, ["nob", "manifest.json"], ["quarl-edge export"]):
+        bench_to(tmp_path / "nob", tmp_path / "r.json")
     assert_no_report(tmp_path / "r.json")
 
 
-def test_bench_unknown_model(cli: Any, bundle_copy: Path, tmp_path: Path) -> None:
-    line = assert_one_error(cli("bench", "--bundle", bundle_copy, "--models", "onnx-int4", "--out", "r.json"))
-    assert "onnx-int4" in line and "onnx-int8" in line
+def test_bench_unknown_model(bundle_copy: Path, tmp_path: Path) -> None:
+    with user_error(InputError, ["onnx-int4"], ["onnx-fp32", "onnx-fp16", "onnx-int8"]):
+        bench_to(bundle_copy, tmp_path / "r.json", models=("onnx-int4",))
     assert_no_report(tmp_path / "r.json")
 
 
@@ -171,38 +233,34 @@ def test_bench_unknown_model(cli: Any, bundle_copy: Path, tmp_path: Path) -> Non
 
 
 def test_calibration_recorded_on_another_env(
-    cli: Any, cartpole_policy: Path, pendulum_calib: Path, tmp_path: Path
+    cartpole_policy: Path, pendulum_calib: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "bundles" / "cp"
-    line = assert_one_error(
-        cli("export", "--policy", cartpole_policy, "--calibration", pendulum_calib, "--out", out)
-    )
-    assert "shape [3]" in line and "[4]" in line  # Pendulum observations vs CartPole's
-    assert "Pendulum-v1" in line and "CartPole-v1" in line
+    # Pendulum observations vs CartPole's
+    with user_error(InputError, ["shape [3]", "[4]", "Pendulum-v1", "CartPole-v1"], ["quarl-edge record"]):
+        export(cartpole_policy, out, calibration=pendulum_calib)
     assert_absent(out)
 
 
-def test_calibration_file_that_is_not_a_trace(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
+def test_calibration_file_that_is_not_a_trace(cartpole_policy: Path, tmp_path: Path) -> None:
     (tmp_path / "calib.npz").write_bytes(b"not an npz")
     out = tmp_path / "b"
-    line = assert_one_error(
-        cli("export", "--policy", cartpole_policy, "--calibration", "calib.npz", "--out", out)
-    )
-    assert "calib.npz" in line
+    with user_error(IntegrityError, ["calib.npz"], ["quarl-edge record"]):
+        export(cartpole_policy, out, calibration=tmp_path / "calib.npz")
     assert_absent(out)
 
 
-def test_train_unknown_env(cli: Any, tmp_path: Path) -> None:
+def test_train_unknown_env(tmp_path: Path) -> None:
     out = tmp_path / "X"
-    line = assert_one_error(cli("train", "--env", "NotAnEnv-v0", "--algo", "ppo", "--out", out))
-    assert "NotAnEnv-v0" in line and "quarl-edge envs" in line
+    with user_error(InputError, ["NotAnEnv-v0"], ["quarl-edge envs"]):
+        train(TrainConfig(env="NotAnEnv-v0", algo="ppo", out=out))
     assert_absent(out)
 
 
-def test_train_unknown_algo(cli: Any, tmp_path: Path) -> None:
+def test_train_unknown_algo(tmp_path: Path) -> None:
     out = tmp_path / "X"
-    line = assert_one_error(cli("train", "--env", "CartPole-v1", "--algo", "ppo2", "--out", out))
-    assert "ppo2" in line and "dqn" in line
+    with user_error(InputError, ["ppo2"], ["ppo", "dqn", "sac"]):
+        train(TrainConfig(env="CartPole-v1", algo="ppo2", out=out))
     assert_absent(out)
 
 
@@ -216,53 +274,121 @@ def sb3_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_record_sb3_zip_with_unknown_env(cli: Any, sb3_zip: Path, tmp_path: Path) -> None:
+def test_record_sb3_zip_with_unknown_env(sb3_zip: Path, tmp_path: Path) -> None:
     out = tmp_path / "rec.npz"
-    line = assert_one_error(cli("record", "--policy", sb3_zip, "--env", "NotAnEnv-v0", "--out", out))
-    assert "NotAnEnv-v0" in line
+    with user_error(InputError, ["NotAnEnv-v0"], ["quarl-edge envs"]):
+        record(sb3_zip, out, env="NotAnEnv-v0")
     assert_absent(out)
     # the same zip records fine on its own environment (the error above was about the env only)
-    ok = cli("record", "--policy", sb3_zip, "--out", out, "--episodes", "1", "--max-steps", "20")
-    assert ok.returncode == 0, ok.stderr
+    record(sb3_zip, out, cfg=RecordConfig(episodes=1, max_steps=20))
     assert load_trace(out).meta["env_id"] == "CartPole-v1"
 
 
-def test_export_unknown_target(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
+def test_export_unknown_target(cartpole_policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", cartpole_policy, "--to", "onnx-int3", "--out", out))
-    assert "onnx-int3" in line
-    assert "known targets" in line and all(t in line for t in ("onnx-fp32", "onnx-fp16", "onnx-int8"))
+    with user_error(InputError, ["onnx-int3"], ["known targets", "onnx-fp32", "onnx-fp16", "onnx-int8"]):
+        export(cartpole_policy, out, to="onnx-int3")
     assert_absent(out)
 
 
-def test_export_unknown_calibration_method(cli: Any, cartpole_policy: Path, tmp_path: Path) -> None:
+def test_export_unknown_calibration_method(cartpole_policy: Path, tmp_path: Path) -> None:
     out = tmp_path / "b"
-    line = assert_one_error(cli("export", "--policy", cartpole_policy, "--method", "foo", "--out", out))
-    assert "foo" in line and all(m in line for m in ("minmax", "percentile", "entropy"))
+    with user_error(InputError, ["foo"], ["minmax", "percentile", "entropy"]):
+        export(cartpole_policy, out, method="foo")
     assert_absent(out)
 
 
-def test_gate_on_a_report_missing_fields(cli: Any, tmp_path: Path) -> None:
-    report = {
-        "format": "quarl-edge/report",
-        "reference": "onnx-fp32",
-        "bundle": {"policy": "p"},
-        "device": {"name": "local"},
-        "settings": {},
-        "models": [{"name": "onnx-fp32", "precision": "fp32", "size_bytes": 1}],
-    }
-    (tmp_path / "r.json").write_text(json.dumps(report))
-    line = assert_one_error(cli("gate", "r.json", "--junit", "j.xml"))
-    assert "onnx-fp32" in line and "lacks the field" in line
+BAD_REPORT = {
+    "format": "quarl-edge/report",
+    "reference": "onnx-fp32",
+    "bundle": {"policy": "p"},
+    "device": {"name": "local"},
+    "settings": {},
+    "models": [{"name": "onnx-fp32", "precision": "fp32", "size_bytes": 1}],
+}
+
+
+def test_gate_on_a_report_missing_fields(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(BAD_REPORT))
+    with user_error(InputError, ["r.json", "onnx-fp32", "lacks the field"], ["quarl-edge bench"]):
+        gate(tmp_path / "r.json", tmp_path / "j.xml")
     assert_absent(tmp_path / "j.xml")
 
 
-def test_long_error_stays_on_one_line(cli: Any, tmp_path: Path) -> None:
-    """rich must not wrap the error line, even when it is far wider than the terminal."""
-    long_name = "a-policy-folder-with-a-very-long-name-" * 6
-    p = cli("export", "--policy", tmp_path / long_name, "--out", tmp_path / "b")
-    line = assert_one_error(p)
-    assert long_name in line and len(line) > 200
+# --- the CLI's one-line error contract, on the installed entry point ---------------------------------
+
+
+@dataclass(frozen=True)
+class CliCase:
+    setup: Callable[[Path], list[str | Path]]
+    """makes the case's files in the work folder; returns the arguments"""
+    says: tuple[str, ...]
+    """what the error line must contain"""
+    leaves_no: str
+    """the output the command was asked for, which must not exist afterwards"""
+
+
+LONG_NAME = "a-policy-folder-with-a-very-long-name-" * 6
+CHECKPOINT = Path(__file__).resolve().parent.parent / "quarl_edge" / "assets" / "policies" / "cartpole-ppo"
+EXE = Path(sys.executable).parent / "quarl-edge"
+
+
+def _write_bad_report(tmp: Path) -> list[str | Path]:
+    (tmp / "r.json").write_text(json.dumps(BAD_REPORT))
+    return ["gate", "r.json", "--junit", "j.xml"]
+
+
+def _mkdir(tmp: Path, name: str) -> Path:
+    (tmp / name).mkdir()
+    return tmp / name
+
+
+CLI_CASES = {
+    "missing-policy": CliCase(
+        lambda t: ["export", "--policy", t / "no-such-policy", "--out", t / "b"],
+        ("no-such-policy", "does not exist"),
+        "b",
+    ),
+    "not-a-checkpoint": CliCase(
+        lambda t: ["record", "--policy", _mkdir(t, "empty"), "--out", "c.npz"], ("policy.json",), "c.npz"
+    ),
+    "unknown-export-target": CliCase(
+        lambda t: ["export", "--policy", CHECKPOINT, "--to", "onnx-int3", "--out", "b"],
+        ("onnx-int3", "known targets", "onnx-fp32", "onnx-int8"),
+        "b",
+    ),
+    "bench-not-a-bundle": CliCase(
+        lambda t: ["bench", "--bundle", _mkdir(t, "nob"), "--out", "r.json"],
+        ("manifest.json",),
+        "r.json",
+    ),
+    "gate-bad-report": CliCase(_write_bad_report, ("onnx-fp32", "lacks the field"), "j.xml"),
+    "train-unknown-algo": CliCase(
+        lambda t: ["train", "--env", "CartPole-v1", "--algo", "ppo2", "--out", "X"], ("ppo2", "dqn"), "X"
+    ),
+    # rich must not wrap the error line, even when it is far wider than the terminal (COLUMNS=80)
+    "long-error-one-line": CliCase(
+        lambda t: ["export", "--policy", t / LONG_NAME, "--out", t / "b"], (LONG_NAME,), "b"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES.values()), ids=list(CLI_CASES))
+def test_cli_error_is_one_line(case: CliCase, tmp_path: Path) -> None:
+    """Exit 2, exactly one non-blank stderr line starting with `error:`, no traceback, empty stdout."""
+    args = case.setup(tmp_path)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="80")
+    p = subprocess.run([str(EXE), *map(str, args)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=env)  # fmt: skip
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    assert "Traceback" not in p.stderr, p.stderr
+    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert p.stdout == "", p.stdout
+    missing = [s for s in case.says if s not in lines[0]]
+    assert not missing, f"{missing} not in {lines[0]!r}"
+    assert_absent(tmp_path / case.leaves_no)
 
 
 # --- non-finite observations: reported, not fatal ----------------------------------------------------
