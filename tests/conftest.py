@@ -78,6 +78,26 @@ def cartpole_bundle(
 
 
 @pytest.fixture(scope="session")
+def zoo_pong() -> tuple[Path, Path]:
+    """The trained zoo Pong DQN (Nature-CNN, 2.25M steps) and its 1,000 recorded frames."""
+    return POLICIES / "pong-dqn", CALIB / "pong-dqn.npz"
+
+
+def assert_discriminating(
+    actions: Any, n_actions: int, min_distinct: int = 3, max_share: float = 0.6
+) -> None:
+    """An accuracy check is only as good as its policy: one that takes a single action (a random-init
+    CNN picks action 0 on every frame) agrees with any constant model. Fail if it ever becomes so."""
+    import numpy as np
+
+    counts = np.bincount(np.asarray(actions, dtype=np.int64).reshape(-1), minlength=n_actions)
+    share = counts.max() / counts.sum()
+    assert (counts > 0).sum() >= min_distinct and share <= max_share, (
+        f"degenerate policy: action counts {counts}"
+    )
+
+
+@pytest.fixture(scope="session")
 def pendulum_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
@@ -144,3 +164,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if by_file:
         parts = [f"{f} ({'; '.join(sorted(r))})" for f, r in sorted(by_file.items())]
         terminalreporter.write_line("skipped tiers: " + ", ".join(parts))
+
+
+# ---- the one-line error contract, shared by the CLI tests of several files ----------------------------
+
+FAST_BENCH = ("--episodes", "2", "--latency-samples", "50")
+
+
+def assert_one_error(p: subprocess.CompletedProcess[str]) -> str:
+    """Exit 2 and exactly one non-blank stderr line, starting with `error:`; returns that line."""
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    assert "Traceback" not in p.stderr, p.stderr
+    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
+    assert lines[0].startswith("error:"), lines[0]
+    assert len(lines[0]) > len("error: ") + 10
+    return lines[0]
+
+
+def assert_absent(path: Path) -> None:
+    """Neither the output nor a temporary sibling (`.name.*.tmp`, `.name.old-*`) is left behind."""
+    assert not path.exists(), f"{path} was left behind"
+    leftovers = sorted(p.name for p in path.parent.glob(f".{path.name}.*"))
+    assert not leftovers, f"temporary files left in {path.parent}: {leftovers}"
+
+
+def assert_no_report(path: Path) -> None:
+    assert_absent(path)
+    assert_absent(path.with_suffix(".md"))

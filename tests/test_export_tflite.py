@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from ai_edge_litert.interpreter import Interpreter
-from test_bad_input import FAST_BENCH, assert_absent, assert_no_report, assert_one_error
+from conftest import FAST_BENCH, assert_absent, assert_discriminating, assert_no_report, assert_one_error
 from test_runtimes_no_torch import SITECUSTOMIZE
 from torch import nn
 
@@ -31,7 +31,6 @@ from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.exporters.base import EXPORTERS, ExportConfig, ExportContext
 from quarl_edge.policy.net import NetArch, Policy, build_policy, load_checkpoint
 from quarl_edge.policy.sb3 import base_spec
-from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.litert import LiteRTSession
 from quarl_edge.runtimes.manifest import ModelEntry, load_manifest
@@ -93,16 +92,13 @@ def pong_policy(head: str = "argmax") -> Policy:
 
 
 @pytest.fixture(scope="module")
-def pong(tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    """fp32 + int8 of the Pong Nature-CNN; 1,000 recorded Pong frames (calibration uses 400 of them)."""
-    policy = pong_policy()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one conv per step: extra threads only contend on a small shared machine
-    try:
-        trace = record(policy, RecordConfig(episodes=2, epsilon=1.0, max_samples=PONG_SAMPLES))
-    finally:
-        torch.set_num_threads(threads)
+def pong(tmp_path_factory: pytest.TempPathFactory, zoo_pong: tuple[Path, Path]) -> Exported:
+    """fp32 + int8 of the trained zoo Pong DQN; its 1,000 recorded frames (calibration uses 400 of them)."""
+    policy_dir, frames = zoo_pong
+    policy = load_checkpoint(policy_dir)
+    trace = load_trace(frames)
     assert trace.obs.shape == (PONG_SAMPLES, 4, 84, 84) and trace.obs.dtype == np.uint8
+    assert_discriminating(policy.predict(trace.obs), 6)
     out = tmp_path_factory.mktemp("tfl-pong")
     calib = save_trace(trace, out / "pong.npz")
     targets = ("tflite-fp32", "tflite-int8", "onnx-fp32")
@@ -227,8 +223,8 @@ def test_pong_cnn_int8_is_full_integer_and_3x_smaller(pong: Exported) -> None:
     assert size8 * 3 <= size32
     actions = replay(pong, "tflite-int8")
     agree = float((actions == pong.policy.predict(pong.trace.obs)).mean())
-    print(f"Pong Nature-CNN int8 TFLite action agreement with torch fp32: {agree:.3f}")
-    assert agree >= 0.9
+    print(f"zoo Pong DQN int8 TFLite action agreement with torch fp32: {agree:.3f}")
+    assert agree >= 0.85, agree
 
 
 @pytest.mark.parametrize("which", ["cartpole", "pendulum"])
