@@ -464,6 +464,22 @@ def test_bench_over_ssh_end_to_end_and_second_bench_uploads_nothing(
     assert again["harness"]["uploaded_files"] == [] and again["harness"]["uploaded_bytes"] == 0
 
 
+def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
+    trusted: Env, sshd: Sshd, pendulum_bundle: Path
+) -> None:
+    """CartPole scores 500 on every seed, so equal returns there prove little: on Pendulum each seed
+    scores differently, and the device plays exactly the local episodes, seed for seed."""
+    cfg = BenchConfig(episodes=4, latency_samples=20)
+    with SSHTransport(load_profile(DEV)) as t:
+        remote = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t)
+    local = bench(pendulum_bundle, cfg)
+    for r, lo in zip(remote["models"], local["models"], strict=True):
+        per_ep = r["reward"]["per_episode"]
+        assert len(set(per_ep)) == cfg.episodes, per_ep  # every seed its own return
+        assert per_ep == lo["reward"]["per_episode"]
+        assert r["agreement"] == lo["agreement"]
+
+
 def test_bench_cli_over_ssh_says_nothing_was_uploaded(
     cli: Any, trusted: Env, sshd: Sshd, cartpole_bundle: Path, tmp_path: Path
 ) -> None:

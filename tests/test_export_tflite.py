@@ -342,6 +342,14 @@ def test_pendulum_int8_keeps_98_percent_of_fp32_return(pendulum: Exported) -> No
     drop, line = _reward_line(report, "tflite-int8")
     print("\n" + line)
     assert drop <= MAX_DROP_PCT
+    # the check can fail: Pendulum's returns spread widely over seeds (unlike CartPole's 500s), and on
+    # each paired seed int8's return stays close to fp32's, far closer than one seed is to another
+    by = {m["name"]: np.asarray(m["reward"]["per_episode"]) for m in report["models"]}
+    ref, q = by["tflite-fp32"], by["tflite-int8"]
+    assert len(set(ref.tolist())) == EPISODES and ref.std() > 50, ref
+    assert np.median(np.abs(q - ref)) < 0.1 * ref.std(), (ref, q)
+    # and a mutation: the same episodes paired with other seeds' returns would fail that bound
+    assert np.median(np.abs(np.roll(q, 1) - ref)) > 0.1 * ref.std()
 
 
 # ---- bad input --------------------------------------------------------------------------------------
