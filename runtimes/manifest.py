@@ -113,7 +113,8 @@ class Manifest:
             twice = next((n for n in names if names.count(n) > 1), None)
             if twice is not None:  # a model shadowed by a namesake would never be run or checked
                 raise InputError(
-                    f"bundle manifest names the model {twice!r} twice", "re-export the bundle (names are unique)"
+                    f"bundle manifest names the model {twice!r} twice",
+                    "re-export the bundle (names are unique)",
                 )
             return cls(
                 policy=PolicySpec.from_dict(d["policy"]),
