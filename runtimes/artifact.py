@@ -29,8 +29,8 @@ def read_artifact(
         if size > MAX_JSON_BYTES:
             raise error(f"{what} {where!r} is {size} bytes, too large to be one", fix)
         data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise error(f"{what} {where!r} is not valid JSON ({e})", fix) from None
+    except ValueError as e:  # bad UTF-8, bad JSON, an integer of more digits than Python converts
+        raise error(f"{what} {where!r} is not valid JSON ({str(e)[:160]})", fix) from None
     except RecursionError:
         raise error(f"{what} {where!r} is nested too deeply to be one", fix) from None
     if not isinstance(data, dict) or data.get("format") != fmt:

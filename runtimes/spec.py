@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from . import schema
 from .errors import InputError
+
+FIX = "re-export the policy"
 
 SCHEMA_VERSION = 1
 
@@ -42,22 +45,30 @@ class SpaceSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpaceSpec:
+        d = schema.obj(d, "space description", FIX)
         try:
             kind = d["kind"]
             if kind not in ("box", "discrete"):
                 raise InputError(
-                    f"unsupported space kind {kind!r}", "only Box and Discrete spaces are supported"
+                    f"unsupported space kind {str(kind)[:40]!r}", "only Box and Discrete spaces are supported"
                 )
-            return cls(
-                kind=kind,
-                shape=tuple(int(s) for s in d["shape"]),
-                dtype=str(d["dtype"]),
-                low=d.get("low"),
-                high=d.get("high"),
-                n=None if d.get("n") is None else int(d["n"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"malformed space description ({e})", "re-export the policy") from None
+            dims = schema.shape(d["shape"], "space shape", FIX)
+            n = None if d.get("n") is None else schema.integer(d["n"], "space n", FIX, 1, schema.MAX_ELEMENTS)
+            if kind == "discrete" and n is None:
+                raise InputError("a discrete space without n (its number of actions)", FIX)
+            for bound in ("low", "high"):
+                v = d.get(bound)
+                items = v if isinstance(v, list) else [v]
+                if v is not None and (len(items) > schema.MAX_ELEMENTS or not all(
+                    isinstance(x, int | float | str) and not isinstance(x, bool) for x in items
+                )):  # fmt: skip
+                    raise InputError(f"space {bound} is not a number or a list of numbers", FIX)
+            return cls(kind=kind, shape=dims, dtype=schema.text(d["dtype"], "space dtype", FIX, 16),
+                       low=d.get("low"), high=d.get("high"), n=n)  # fmt: skip
+        except schema.MALFORMED as e:
+            raise InputError(
+                f"malformed space description ({type(e).__name__}: {str(e)[:120]})", FIX
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -93,18 +104,28 @@ class EnvConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EnvConfig:
+        d = schema.obj(d, "environment description", FIX)
         try:
+            wrappers = d.get("wrappers", [])
+            if not isinstance(wrappers, list) or len(wrappers) > 64:
+                raise InputError("environment wrappers is not a list of at most 64", FIX)
             return cls(
-                id=str(d["id"]),
-                make_kwargs=dict(d.get("make_kwargs", {})),
+                id=schema.text(d["id"], "environment id", FIX, 256),
+                make_kwargs=dict(schema.obj(d.get("make_kwargs", {}), "environment make_kwargs", FIX)),
                 wrappers=tuple(
-                    WrapperConfig(str(w["name"]), dict(w.get("kwargs", {}))) for w in d.get("wrappers", [])
-                ),
-                family=str(d.get("family", "gym")),
-                imports=tuple(d.get("imports", [])),
+                    WrapperConfig(
+                        schema.text(w["name"], "wrapper name", FIX, 64),
+                        dict(schema.obj(w.get("kwargs", {}), "wrapper kwargs", FIX)),
+                    )
+                    for w in (schema.obj(w, "wrapper", FIX) for w in wrappers)
+                ),  # fmt: skip
+                family=schema.text(d.get("family", "gym"), "environment family", FIX, 32),
+                imports=schema.strings(d.get("imports", []), "environment imports", FIX, 16),
             )
-        except (KeyError, TypeError) as e:
-            raise InputError(f"malformed environment description ({e})", "re-export the policy") from None
+        except schema.MALFORMED as e:
+            raise InputError(
+                f"malformed environment description ({type(e).__name__}: {str(e)[:120]})", FIX
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -143,8 +164,9 @@ class PolicySpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicySpec:
+        d = schema.obj(d, "policy spec", FIX)
         try:
-            version = int(d.get("schema_version", 0))
+            version = schema.integer(d.get("schema_version", 0), "policy spec schema_version", FIX, 0)
             if version > SCHEMA_VERSION:
                 raise InputError(
                     f"policy spec schema {version} is newer than this quarl-edge understands ({SCHEMA_VERSION})",
@@ -157,12 +179,12 @@ class PolicySpec:
                 env=EnvConfig.from_dict(d["env"]),
                 observation_space=SpaceSpec.from_dict(d["observation_space"]),
                 action_space=SpaceSpec.from_dict(d["action_space"]),
-                graph_steps=tuple(d.get("graph_steps", [])),
-                source=str(d.get("source", "")),
-                train=dict(d.get("train", {})),
+                graph_steps=schema.strings(d.get("graph_steps", []), "policy spec graph_steps", FIX),
+                source=schema.text(d.get("source", ""), "policy spec source", FIX),
+                train=dict(schema.obj(d.get("train", {}), "policy spec train", FIX)),
                 schema_version=version,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except schema.MALFORMED as e:
             raise InputError(
-                f"malformed policy spec (missing or bad field {e})", "re-export the policy"
+                f"malformed policy spec (missing or bad field: {type(e).__name__}: {str(e)[:120]})", FIX
             ) from None

@@ -112,6 +112,32 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
+def check_arrays(arrays: dict[str, np.ndarray], where: str) -> None:
+    """Numbers, one row per step in every per-step array, at least one step: before anything uses them."""
+    fix = "re-record it with `quarl-edge record`"
+    for name, a in arrays.items():
+        if a.dtype.kind not in "biuf":
+            raise InputError(f"trace {where!r}: {name} holds {a.dtype} values, not numbers", fix)
+    obs = arrays["obs"]
+    if obs.ndim < 1 or obs.shape[0] == 0:
+        raise InputError(f"trace {where!r} has no recorded steps", fix)
+    if obs.ndim > 9:
+        raise InputError(f"trace {where!r}: observations of {obs.ndim - 1} dimensions", fix)
+    for name in ("actions", "rewards", "dones", "episode_ids"):
+        a = arrays[name]
+        if a.ndim < 1 or a.shape[0] != obs.shape[0]:
+            raise InputError(
+                f"trace {where!r}: {name} has {a.shape[:1] or 'no'} rows for {obs.shape[0]} steps", fix
+            )
+    if arrays["seeds"].ndim != 1:
+        raise InputError(f"trace {where!r}: seeds is not a list", fix)
+    ids = arrays["episode_ids"]
+    if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= max(len(arrays["seeds"]), 1):
+        raise InputError(
+            f"trace {where!r}: episode_ids are not indices of its {len(arrays['seeds'])} episodes", fix
+        )
+
+
 def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():
@@ -132,9 +158,13 @@ def load_trace(path: str | Path) -> Trace:
             f"trace {str(path)!r} content hash mismatch (stored {stored[:12]}, actual {actual[:12]})",
             "the file was modified or damaged; re-record it with `quarl-edge record`",
         )
-    meta = json.loads(meta_json)
-    if meta.get("format") != TRACE_FORMAT:
+    try:
+        meta = json.loads(meta_json)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != TRACE_FORMAT:
         raise IntegrityError(
             f"{str(path)!r} is not a quarl-edge trace", "record one with `quarl-edge record`"
         )
+    check_arrays(arrays, str(path))
     return Trace(meta=meta, sha256=stored, **arrays)

@@ -10,12 +10,14 @@ every event and removed once the full report exists.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json
@@ -46,8 +48,42 @@ class ModelProgress:
         return {"measured": self.measured, "episodes": self.episodes, "run": self.run}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelProgress:
-        return cls(measured=d.get("measured"), episodes=list(d.get("episodes") or []), run=d.get("run"))
+    def from_dict(cls, d: Any, where: str = "partial bench file") -> ModelProgress:
+        """Validated: a tampered file is refused here (one line), not half-used later."""
+        fix = "delete it and run the bench without --resume"
+        d = schema.obj(d, f"{where} model", fix)
+        episodes = d.get("episodes") or []
+        if not isinstance(episodes, list) or len(episodes) > 1_000_000:
+            raise InputError(f"{where}: a model's episodes are not a list", fix)
+        for e in episodes:
+            e = schema.obj(e, f"{where} episode", fix)
+            schema.integer(e.get("seed"), f"{where} episode seed", fix, 0)
+            if e.get("ret") is not None:
+                schema.number(e["ret"], f"{where} episode return", fix, finite=False)
+        measured, run = (_check_run(d.get(k), f"{where} {k}", fix) for k in ("measured", "run"))
+        return cls(measured=measured, episodes=list(episodes), run=run)
+
+
+# the fields of a runner's measured event / merged run that the report is built from
+_RUN_TEXT = ("format", "precision", "runtime")
+_RUN_NUMBERS = ("threads", "size_bytes", "load_ms", "first_inference_ms", "peak_rss_mb")
+
+
+def _check_run(v: Any, where: str, fix: str) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    run = schema.obj(v, where, fix)
+    for k in _RUN_TEXT:
+        schema.text(run.get(k), f"{where} {k}", fix, 256)
+    for k in _RUN_NUMBERS:
+        schema.number(run.get(k), f"{where} {k}", fix)
+    for k in ("latency",):
+        if run.get(k) is not None:
+            schema.obj(run[k], f"{where} {k}", fix)
+    for k in ("episodes", "replay_actions"):
+        if run.get(k) is not None and not isinstance(run[k], list):
+            raise InputError(f"{where} {k} is not a list", fix)
+    return run
 
 
 @dataclass
@@ -79,14 +115,22 @@ class PartialBench:
             )
         data = read_artifact(path, PARTIAL_FORMAT, PARTIAL_VERSION, "partial bench file",
                              "delete it and run the bench without --resume")  # fmt: skip
-        old = data.get("key") or {}
+        old = schema.obj(data.get("key") or {}, "partial bench file key", "run the bench without --resume")
         diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
         if diff:
             raise InputError(
                 f"{str(path)!r} was made with other {', '.join(diff)} than this bench",
                 "resume with the same bundle, device and flags as the interrupted bench, or run without --resume",
             )
-        stored = data.get("models") or {}
+        try:  # it is rewritten as it resumes: a value JSON cannot hold (inf, nan) is refused now
+            json.dumps(data, allow_nan=False)
+        except ValueError:
+            raise InputError(
+                f"{str(path)!r} holds non-finite numbers", "delete it and run without --resume"
+            ) from None
+        stored = schema.obj(
+            data.get("models") or {}, "partial bench file models", "run the bench without --resume"
+        )
         state = cls(path, key, list(seeds), {n: ModelProgress.from_dict(stored.get(n) or {}) for n in names})
         state.resumed_episodes = sum(len(m.episodes) for m in state.models.values())
         return state

@@ -210,8 +210,23 @@ def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
 # ---- SB3 / RL Zoo .zip import ------------------------------------------------------------------------
 
 
+_DATA_OBJECTS = ("policy_class", "observation_space", "action_space", "policy_kwargs")
+
+
+def _checked_data(data: Any, path: Path) -> dict[str, Any]:
+    """SB3's ``data`` member, with the parts we read checked for their type (a tampered or foreign zip
+    is refused in one line, not half-read)."""
+    fix = "pass a .zip saved by SB3's model.save()"
+    if not isinstance(data, dict):
+        raise IntegrityError(f"{str(path)!r}: its data member is not a JSON object", fix)
+    for key in _DATA_OBJECTS:
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise IntegrityError(f"{str(path)!r}: data.{key} is not an object", fix)
+    return data
+
+
 def _algo_from_data(data: dict[str, Any]) -> str | None:
-    module = str(data.get("policy_class", {}).get("__module__", ""))
+    module = str((data.get("policy_class") or {}).get("__module__", ""))
     # SB3's DDPG is TD3 with policy_delay=1 and target noise clipped to 0, sharing TD3's policy class
     if (
         ".td3." in module
@@ -235,8 +250,10 @@ def _names_from_filename(path: Path) -> tuple[str | None, str | None]:
 
 def _space_shape(d: dict[str, Any]) -> tuple[str, tuple[int, ...], int | None]:
     kind = "discrete" if "Discrete" in str(d.get(":type:", "")) else "box"
-    shape = tuple(int(x) for x in re.findall(r"-?\d+", str(d.get("_shape", "[]"))))
-    n = int(d["n"]) if kind == "discrete" and "n" in d else None
+    shape = tuple(int(x) for x in re.findall(r"-?\d{1,9}", str(d.get("_shape", "[]"))[:200]))
+    n = d.get("n") if kind == "discrete" else None
+    if n is not None:
+        n = int(n) if isinstance(n, int | str) and str(n).lstrip("-").isdigit() and len(str(n)) < 10 else -1
     return kind, shape, n
 
 
@@ -300,6 +317,7 @@ def load_sb3_zip(
         raise IntegrityError(
             f"{str(path)!r} is damaged ({type(e).__name__}: {e})", "re-save the model"
         ) from None
+    data = _checked_data(data, path)
     file_algo, file_env = _names_from_filename(path)
     algo = (algo or _algo_from_data(data) or file_algo or "").lower()
     if algo not in ALGOS:
@@ -333,7 +351,14 @@ def load_sb3_zip(
             "pass the vecnormalize.pkl saved with this model",
         )
     train = {"num_timesteps": data.get("num_timesteps"), "imported_from": path.name}
-    return policy_from_parts(parts, base, vn, extra_train=train)
+    try:
+        return policy_from_parts(parts, base, vn, extra_train=train)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:  # shapes or names of policy.pth
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise IntegrityError(
+            f"{str(path)!r}: the weights in policy.pth do not fit a {algo.upper()} policy for {env_id} ({first})",
+            "pass the zip's own --env and --algo, or re-save the model",
+        ) from None
 
 
 class _Inert:
