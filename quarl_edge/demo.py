@@ -31,12 +31,13 @@ def run_demo(out: Path, episodes: int = 20) -> int:
     calib = shipped_calibration(DEMO_POLICY)
     bundle = out / "bundle"
     info(
-        f"[bold]1/3 export[/] {policy_dir.name} -> {bundle} (onnx fp32, fp16, int8; calibration {calib or 'recorded now'})"
+        f"{policy_dir.name} -> {bundle} (onnx fp32, fp16, int8; calibration {calib or 'recorded now'})",
+        label="1/3 export",
     )
     export_bundle(
         policy, BundleRequest(out=bundle, targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=calib)
     )
-    info(f"[bold]2/3 bench[/] {episodes} paired episodes per model, 1 thread")
+    info(f"{episodes} paired episodes per model, 1 thread", label="2/3 bench")
     report = bench(bundle, BenchConfig(episodes=episodes))
     report_path, md = write_report(report, out / "report.json")
     table(
@@ -44,11 +45,11 @@ def run_demo(out: Path, episodes: int = 20) -> int:
         COLUMNS,
         rows(report),
     )
-    info("[bold]3/3 gate[/] --max-reward-drop 2%")
+    info("--max-reward-drop 2%", label="3/3 gate")
     checks = evaluate(report, GateConfig(max_reward_drop_pct=2.0))
     write_outputs(report, checks, out / "junit.xml", out / "gate.md")
     failed = [c for c in checks if not c.passed]
     for c in checks:
-        info(("[green]pass[/] " if c.passed else "[bold red]FAIL[/] ") + c.message)
+        info(c.message, label="pass" if c.passed else "FAIL", style="green" if c.passed else "bold red")
     info(f"report: {report_path}, {md}; JUnit: {out / 'junit.xml'}")
     return 1 if failed else 0

@@ -5,13 +5,17 @@ Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin)
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
+from quarl_edge.text import clean, md_cell
+
+SUITE = "quarl-edge gate"
+MARKDOWN_TITLE = "## quarl-edge gate:"
 
 
 @dataclass(frozen=True)
@@ -98,33 +102,35 @@ def check_rows(checks: list[Check]) -> list[list[str]]:
 
 
 def junit_xml(report: dict[str, Any], checks: list[Check]) -> str:
-    failures = sum(not c.passed for c in checks)
-    suite = f"quarl-edge gate {report['bundle'].get('policy', '')}"
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<testsuites tests="{len(checks)}" failures="{failures}">',
-        f'  <testsuite name={quoteattr(suite)} tests="{len(checks)}" failures="{failures}">',
-    ]
+    """One testcase per checked model and check (classname: the model, name: the check), in the
+    JUnit XSD's shape (testsuites > testsuite[@tests] > testcase[@name] > failure[@message, @type]).
+    Names and messages are cleaned of control characters, which XML 1.0 cannot hold even escaped."""
+    failures = str(sum(not c.passed for c in checks))
+    tests = str(len(checks))
+    root = ET.Element("testsuites", {"tests": tests, "failures": failures, "errors": "0"})
+    suite = ET.SubElement(root, "testsuite", {"name": clean(f"{SUITE} {report['bundle'].get('policy', '')}"),
+                                              "tests": tests, "failures": failures, "errors": "0"})  # fmt: skip
     for c in checks:
-        out.append(f"    <testcase classname={quoteattr(c.model)} name={quoteattr(c.name)}>")
+        case = ET.SubElement(suite, "testcase", {"name": clean(c.name), "classname": clean(c.model)})
         if not c.passed:
-            out.append(f"      <failure message={quoteattr(c.message)}>{escape(c.message)}</failure>")
-        out.append("    </testcase>")
-    out += ["  </testsuite>", "</testsuites>"]
-    return "\n".join(out) + "\n"
+            failure = ET.SubElement(case, "failure", {"message": clean(c.message), "type": "threshold"})
+            failure.text = clean(c.message)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 def markdown_summary(report: dict[str, Any], checks: list[Check]) -> str:
     ok = all(c.passed for c in checks)
     lines = [
-        f"## quarl-edge gate: {'PASS' if ok else 'FAIL'} ({report['bundle'].get('policy', '')})",
+        f"{MARKDOWN_TITLE} {'PASS' if ok else 'FAIL'} ({md_cell(report['bundle'].get('policy', ''))})",
         "",
         "| model | check | value | limit | result |",
         "|---|---|---|---|---|",
     ]
     for c in checks:
         v = "-" if c.value is None else f"{c.value:.4g}"
-        lines.append(f"| {c.model} | {c.name} | {v} | {c.limit:g} | {'pass' if c.passed else '**FAIL**'} |")
+        cells = (md_cell(c.model), md_cell(c.name), v, f"{c.limit:g}", "pass" if c.passed else "**FAIL**")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,9 @@ from typing import Any
 from quarl_edge.bench.run import REPORT_FORMAT, finite_json
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.text import md_cell
 
+MARKDOWN_TITLE = "# quarl-edge bench:"
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 
 
@@ -65,12 +67,13 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[str], str, list[str]]:
-    """What `quarl-edge bench` prints around its table: warnings (and the harness line) before, the
-    table's title, and the runtimes line and the files written after."""
-    before = [f"[yellow]warning:[/] {m['name']}: {w}" for m in report["models"] for w in m["warnings"]]
+def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[str, str]], str, list[str]]:
+    """What `quarl-edge bench` prints around its table: (label, line) pairs before (warnings, labelled
+    "warning:", and the harness line), the table's title, and the runtimes line and the files written
+    after. Plain text: names and warnings come from the bundle and the device."""
+    before = [("warning:", f"{m['name']}: {w}") for m in report["models"] for w in m["warnings"]]
     if harness_line(report):
-        before.append(harness_line(report))
+        before.append(("", harness_line(report)))
     dev = report["device"]
     emulated = ", emulated: latency is qemu's, not the board's" if dev.get("emulated") else ""
     threads = report["settings"]["threads"]
@@ -114,20 +117,21 @@ def markdown(report: dict[str, Any]) -> str:
     )
     if d.get("machine"):  # facts the device reported about itself (SSH devices)
         emulated += f"; {d['machine']}, {d.get('cpu_model') or '?'}, Python {d.get('python') or '?'}"
+    # every name and fact is text from the bundle or the device: md_cell keeps each in its cell / line
     lines = [
-        f"# quarl-edge bench: {b['policy']} ({b['algo']}, {b['env']})",
+        f"{MARKDOWN_TITLE} {md_cell(b['policy'])} ({md_cell(b['algo'])}, {md_cell(b['env'])})",
         "",
-        f"Device: **{d.get('name', 'local')}**{emulated}; threads {s['threads']}; "
+        f"Device: **{md_cell(d.get('name', 'local'))}**{md_cell(emulated)}; threads {s['threads']}; "
         f"{s['episodes']} paired episodes (seeds {s['seeds'][0] if s['seeds'] else '-'}..); "
-        f"reference **{report['reference']}**.",
+        f"reference **{md_cell(report['reference'])}**.",
         "",
-        runtimes_line(report),
+        md_cell(runtimes_line(report)),
         "",
         "| " + " | ".join(columns(report)) + " |",
         "|" + "---|" * len(COLUMNS),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(report)]
-    warn = [f"- {m['name']}: {w}" for m in report["models"] for w in m.get("warnings", [])]
+    lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(report)]
+    warn = [f"- {md_cell(m['name'])}: {md_cell(w)}" for m in report["models"] for w in m.get("warnings", [])]
     if warn:
         lines += ["", "Warnings:", *warn]
     lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "

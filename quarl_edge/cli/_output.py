@@ -1,4 +1,9 @@
-"""One output object for the CLI: tables on stdout, logs and errors on stderr, data alone with --json."""
+"""One output object for the CLI: tables on stdout, logs and errors on stderr, data alone with --json.
+
+Everything printed here is plain text, never markup: names, paths and messages come from files,
+arguments and devices, so each is cleaned of control characters (quarl_edge.text.clean) and shown
+literally; our own styling is a separate label (``info(msg, label="FAIL", style="bold red")``).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.text import clean, markup_safe
 
 # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns; logs are wider than that.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -35,11 +41,11 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=Text(clean(title)), title_justify="left")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        t.add_column(Text(clean(c)), justify="left" if i == 0 else "right")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(Text(clean(cell)) for cell in r))
     out.print(t)
 
 
@@ -49,17 +55,20 @@ def progress_bar(label: str, total: int) -> Iterator[Callable[[str], None]]:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:  # fmt: skip
         task = bar.add_task(label, total=total)
-        yield lambda description: bar.update(task, advance=1, description=description)
+        # the description column is markup ("[bold]{task.description}"): a model name must not be
+        yield lambda description: bar.update(task, advance=1, description=markup_safe(description))
 
 
-def info(msg: str) -> None:
-    err.print(msg, highlight=False)
+def info(msg: str, label: str = "", style: str = "bold") -> None:
+    """One log line on stderr: ``msg`` shown literally, after ``label`` in ``style`` when given."""
+    line = Text.assemble((label, style), " ", clean(msg)) if label else Text(clean(msg))
+    err.print(line, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> None:
-    # one line, whatever the terminal width: CI log parsers and `tail -1` read it as a whole
-    # escape: a message may hold brackets rich would read as markup ("pip install 'quarl-edge[tflite]'")
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    # one line, whatever the terminal width: CI log parsers and `tail -1` read it as a whole; clean()
+    # shows a newline or escape sequence from a file or a device as \n, \x1b, so it stays one line
+    err.print(Text.assemble(("error:", "bold red"), " ", clean(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -106,7 +106,7 @@ def check(
                 f"connect {h['connect_s']:.3f} s, device info {h['info_s']:.3f} s, uploaded {h['uploaded_bytes']} bytes"
             )
     for msg in result.problems:
-        info(f"[bold red]FAIL[/] {p.name}: {msg}")
+        info(f"{p.name}: {msg}", label="FAIL", style="bold red")
     if result.problems:
         hint = f"quarl-edge devices setup {p.name}" if p.transport == "ssh" else "pip install onnxruntime"
         info(f"next: {hint}")

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from quarl_edge.cli._options import JsonOpt
 from quarl_edge.cli._output import handle_errors, info, out, print_json
+from quarl_edge.text import clean
 
 
 class Action(str, Enum):
@@ -51,9 +53,9 @@ def emulate(
         return
     rows = st.rows()
     width = max(len(k) for k, _ in rows)
-    out.print(f"[bold]emulated {st.board}[/]", highlight=False)
-    for k, v in rows:
-        out.print(f"  {k:<{width}}  {v}", highlight=False, soft_wrap=True)
+    out.print(Text(f"emulated {clean(st.board)}", style="bold"), highlight=False)
+    for k, v in rows:  # values come from the emulator's state files: plain text
+        out.print(Text(clean(f"  {k:<{width}}  {v}")), highlight=False, soft_wrap=True)
     if st.running:
         info(f"next: quarl-edge bench --bundle BUNDLE --device {st.device}   (or: {st.ssh_command()})")
     elif action is not Action.down:

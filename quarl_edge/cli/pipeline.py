@@ -187,9 +187,9 @@ def bench(
 
         report = bench_on_device(bundle, cfg, device, overrides(host, user, port, identity), out, resume,
                                  progress=on_event, log=info, threads_given=threads is not None)  # fmt: skip
-    warnings, title, after = print_lines(report, out)
-    for line in warnings:
-        info(line)
+    before, title, after = print_lines(report, out)
+    for label, line in before:
+        info(line, label=label, style="yellow")
     if as_json:
         print_json(report)
         return
@@ -222,10 +222,10 @@ def gate(
     else:
         table(f"gate {report}", ["model", "check", "value", "limit", "result"], check_rows(checks))
     for c in failed:
-        info(f"[bold red]FAIL[/] {c.message}")
+        info(c.message, label="FAIL", style="bold red")
     if failed:
         raise typer.Exit(1)
-    info("[bold green]PASS[/] every quantized model is within the thresholds")
+    info("every quantized model is within the thresholds", label="PASS", style="bold green")
 
 
 def demo(

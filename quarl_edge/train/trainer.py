@@ -21,6 +21,7 @@ from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig
+from quarl_edge.text import markup_safe
 from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
 from quarl_edge.train.qat import QATClock, convert
 
@@ -121,7 +122,9 @@ def _progress_callback(total: int, label: str) -> Any:
                 transient=False,
             )
             self.bar.start()
-            self.task = self.bar.add_task(label, total=total, ret="-", completed=self.model.num_timesteps)
+            self.task = self.bar.add_task(
+                markup_safe(label), total=total, ret="-", completed=self.model.num_timesteps
+            )
             self.last_log = time.monotonic()
 
         def _on_step(self) -> bool:

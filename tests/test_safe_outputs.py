@@ -1,0 +1,207 @@
+"""Issue 15, points 1-4: outputs never destroy what they did not create, the gate cannot pass on
+nothing, a finished measurement is never lost, untrusted text is data.
+
+Each test names the defect it catches; each would fail on the code before the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary
+from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.text import clean, md_cell
+
+FAST = BenchConfig(episodes=1, latency_samples=20, warmup=1)
+HOURS_AGO = time.time() - 5 * 3600
+DEAD_PID = 2**22 + 1  # above Linux's largest pid_max: never a running process
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under ``root`` (itself included) -> what it is: a file's sha256, a link's target."""
+    out: dict[str, str] = {}
+    for p in [root, *sorted(root.rglob("*"))]:
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = f"link:{os.readlink(p)}"
+        elif p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = "file:" + hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def one_error(p: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    assert "Traceback" not in p.stderr and len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def work(tmp_path: Path, cartpole_policy: Path, cartpole_calib: Path) -> Path:
+    """tmp_path with private copies of the shipped CartPole policy (pol/) and its calibration (calib/)."""
+    shutil.copytree(cartpole_policy, tmp_path / "pol")
+    (tmp_path / "calib").mkdir()
+    shutil.copy(cartpole_calib, tmp_path / "calib" / "cartpole-ppo.npz")
+    return tmp_path
+
+
+def _request(work: Path, out: Path, **kw: Any) -> BundleRequest:
+    calib = work / "calib" / "cartpole-ppo.npz"
+    return BundleRequest(
+        out=out, targets=("onnx-fp32",), calibration=calib, reads=(("policy", work / "pol"),), **kw
+    )
+
+
+def _refused(work: Path, out: Path, expect: str) -> None:
+    before = snapshot(work)
+    with pytest.raises(InputError, match=expect):
+        export_bundle(load_checkpoint(work / "pol"), _request(work, out))
+    assert snapshot(work) == before
+
+
+@pytest.fixture
+def bundle(cartpole_bundle: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(cartpole_bundle, tmp_path / "bundle"))
+
+
+def _rename(bundle: Path, names: dict[str, str]) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for m in manifest["models"]:
+        m["name"] = names.get(m["name"], m["name"])
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _model(name: str, precision: str, drop: float | None = 0.5) -> dict[str, Any]:
+    return {"name": name, "precision": precision, "size_bytes": 100, "latency": {"p99_us": 10.0},
+            "reward": {"mean": 500.0}, "drift": None if drop is None else {"reward_drop_pct": drop},
+            "agreement": None if drop is None else {"value": 0.99}}  # fmt: skip
+
+
+def _report(*models: dict[str, Any], reference: str = "onnx-fp32") -> dict[str, Any]:
+    return {"format": REPORT_FORMAT, "schema_version": 1, "reference": reference, "models": list(models),
+            "bundle": {"policy": "cartpole-ppo"}, "device": {"name": "local"}, "settings": {}}  # fmt: skip
+
+
+NORMAL = _report(_model("onnx-fp32", "fp32", None), _model("onnx-fp16", "fp16"), _model("onnx-int8", "int8"))
+
+
+# XSD facts (Jenkins xunit-plugin junit-10.xsd, the schema CI servers read): element -> (allowed
+# children, required attributes, allowed attributes)
+_XSD: dict[str, tuple[set[str], set[str], set[str]]] = {
+    "testsuites": ({"testsuite"}, set(), {"name", "time", "tests", "failures", "disabled", "errors"}),
+    "testsuite": ({"testsuite", "properties", "testcase", "system-out", "system-err"}, {"tests"},
+                  {"name", "tests", "failures", "errors", "time", "disabled", "skipped", "skips", "timestamp",
+                   "hostname", "id", "package", "assertions", "file", "skip", "log", "url"}),
+    "testcase": ({"skipped", "error", "failure", "system-out", "system-err"}, {"name"},
+                 {"name", "assertions", "time", "timestamp", "classname", "status", "class", "file", "line",
+                  "log", "group", "url"}),
+    "failure": (set(), set(), {"type", "message"}),
+}  # fmt: skip
+
+
+def _check_xsd(el: ET.Element) -> None:
+    children, required, allowed = _XSD[el.tag]
+    assert required <= set(el.attrib) <= allowed, (el.tag, el.attrib)
+    for child in el:
+        assert child.tag in children, (el.tag, child.tag)
+        _check_xsd(child)
+
+
+# --- 4. untrusted text is data -----------------------------------------------------------------------
+
+
+def test_clean_leaves_no_control_character_and_shows_each() -> None:
+    nasty = "a\x1b[2Jb\rc\nd\te\x00f\x7f\x9b\u202eg\ud800"
+    shown = clean(nasty)
+    assert shown == "a\\x1b[2Jb\\rc\\nd\\te\\x00f\\x7f\\x9b\\u202eg\\ud800"
+    assert all(c.isprintable() for c in shown)
+    assert clean("two\nlines", newlines=True) == "two\nlines"
+    assert md_cell("x | pass |\n| y") == "x \\| pass \\|\\\\n\\| y"
+    assert md_cell("<img src=x>") == "&lt;img src=x&gt;"
+
+
+def test_output_prints_names_literally_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect: text went through rich as markup: `[/x]` crashed, `[red]` styled, ESC reached the terminal."""
+    import typer
+
+    from quarl_edge.cli._output import fail, info, table
+
+    table("bundle [/x]", ["model"], [["[red]x[/red]"], ["m\x1b[2J"], ["a\nb"]])
+    info("model [/x]: \x1b]0;owned\x07 done\r")
+    with pytest.raises(typer.Exit):
+        fail("device said: [bold]no[/bold]\x1b[2J\nFAKE SECOND LINE")
+    got = capsys.readouterr()
+    assert "[red]x[/red]" in got.out and "bundle [/x]" in got.out and "m\\x1b[2J" in got.out
+    assert "model [/x]: \\x1b]0;owned\\x07 done\\r" in got.err
+    errors = [line for line in got.err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: device said: [bold]no[/bold]\\x1b[2J\\nFAKE SECOND LINE"]
+    assert "\x1b" not in got.out + got.err and "\r" not in got.out + got.err
+
+
+def test_hostile_model_names_through_bench_and_gate(cli: Any, bundle: Path, tmp_path: Path) -> None:
+    """Defects: a model named with `[/x]` crashed bench and gate (gate's exit 1 then meant "a model
+    failed"); `ESC[2J` reached the terminal; the same name made --junit invalid XML; a name with a
+    newline forged a "pass" row in --markdown."""
+    forged = "| onnx-int8 | reward_drop | 0 | 2 | pass |"
+    names = {"onnx-fp32": "fp32 [/x]", "onnx-fp16": "[red]x[/red]\x1b[2J", "onnx-int8": f"int8\n{forged}"}
+    _rename(bundle, names)
+    p = cli("bench", "--bundle", bundle, "--episodes", "1", "--latency-samples", "20", "--out", "r.json")
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    for stream in (p.stdout, p.stderr):
+        assert "\x1b" not in stream
+    assert "fp32 [/x]" in p.stdout and "[red]x[/red]\\x1b[2J" in p.stdout and "int8\\n|" in p.stdout
+    report_md = (tmp_path / "r.md").read_text()
+    assert forged not in report_md.splitlines()
+    g = cli("gate", "r.json", "--max-reward-drop", "100", "--junit", "j.xml", "--markdown", "g.md")
+    assert g.returncode == 0, g.stderr
+    assert "\x1b" not in g.stdout + g.stderr and "[red]x[/red]\\x1b[2J" in g.stdout
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    _check_xsd(root)
+    classnames = {c.get("classname") for c in root.iter("testcase")}
+    assert classnames == {clean(names["onnx-fp16"]), clean(names["onnx-int8"])}
+    md = (tmp_path / "g.md").read_text().splitlines()
+    rows = [line for line in md if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(list(root.iter("testcase"))) == 2
+    assert forged not in md
+
+
+def test_export_shows_an_out_path_with_brackets_literally(cli: Any, work: Path) -> None:
+    """Defect: `export --out 'b[/x]'` crashed printing the bundle table's title."""
+    p = cli("export", "--policy", "pol", "--calibration", "calib/cartpole-ppo.npz", "--to", "onnx-fp32",
+            "--out", "b[/x]")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "bundle b[/x]" in p.stdout
+
+
+def test_junit_and_markdown_stay_well_formed_for_any_name() -> None:
+    report = _report(_model("onnx-fp32", "fp32", None), _model("a\"<&>'\x00\x1b[2J\n\ud800", "int8"))
+    checks = [*evaluate(report, GateConfig()), Check("x\n| y", "p99_latency", False, None, 1.0, "m\x01<b>")]
+    root = ET.fromstring(junit_xml(report, checks))
+    assert [c.get("classname") for c in root.iter("testcase")] == [
+        clean("a\"<&>'\x00\x1b[2J\n\ud800"),
+        "x\\n| y",
+    ]
+    assert root.find(".//failure").get("message") == "m\\x01<b>"  # type: ignore[union-attr]
+    md = markdown_summary(report, checks).splitlines()
+    assert len([line for line in md if line.startswith("| ")]) == 1 + len(checks)
+    assert all(len(re.findall(r"(?<!\\)\|", line)) == 6 for line in md if line.startswith("| "))
