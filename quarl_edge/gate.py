@@ -1,10 +1,13 @@
 """The CI gate: thresholds on reward drop, action agreement and p99 latency.
 
-Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input.
+Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input:
+a report with nothing to check (only the fp32 reference), a model without a name or with a name
+used twice, a reference that is not fp32, a threshold that is not a finite number.
 """
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,12 @@ class GateConfig:
     """largest allowed p99 single-inference latency, milliseconds"""
 
     def __post_init__(self) -> None:
+        # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
+        for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
+                                     ("--min-agreement", self.min_agreement, "0.95"),
+                                     ("--max-p99-ms", self.max_p99_ms, "5")):  # fmt: skip
+            if value is not None and not math.isfinite(value):
+                raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
         if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
             raise InputError("--max-reward-drop must be >= 0", "e.g. --max-reward-drop 2%")
         if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
@@ -55,8 +64,40 @@ class Check:
     message: str
 
 
+def check_gateable(report: dict[str, Any]) -> None:
+    """Refuse a report the gate cannot judge (InputError): passing it would be a false green."""
+    names = [m.get("name") for m in report["models"]]
+    for n in names:
+        if not isinstance(n, str) or not n.strip():
+            raise InputError(f"the report has a model without a name ({n!r})", "re-run `quarl-edge bench`")
+        if names.count(n) > 1:
+            raise InputError(
+                f"the report names the model {n!r} twice: one of them would go unchecked",
+                "re-export the bundle with unique model names and re-run `quarl-edge bench`",
+            )
+    ref = next((m for m in report["models"] if m["name"] == report["reference"]), None)
+    if ref is None:
+        raise InputError(
+            f"the report's reference {report['reference']!r} is not one of its models",
+            "re-run `quarl-edge bench`",
+        )
+    if ref.get("precision") != "fp32":
+        raise InputError(
+            f"the report's reference {ref['name']!r} is {ref.get('precision')!r}, not fp32: drops measured "
+            "against it say nothing about the fp32 policy",
+            "bench a bundle with an fp32 model (export --to onnx-fp32,...)",
+        )
+    if len(names) < 2:
+        raise InputError(
+            f"nothing to check: the report holds only the fp32 reference {ref['name']!r}",
+            "bench the quantized models too (drop --models, or list them: --models onnx-int8)",
+        )
+
+
 def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
-    """Every check on every non-reference model (the fp32 reference is checked for latency only)."""
+    """Every check on every non-reference model (the fp32 reference is checked for latency only);
+    an unusable report is an InputError (check_gateable)."""
+    check_gateable(report)
     checks: list[Check] = []
     for m in report["models"]:
         name, is_ref = m["name"], m["name"] == report["reference"]

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig
+from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
-from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary
+from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary, parse_percent
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.text import clean, md_cell
 
 FAST = BenchConfig(episodes=1, latency_samples=20, warmup=1)
@@ -124,6 +125,78 @@ def _check_xsd(el: ET.Element) -> None:
     for child in el:
         assert child.tag in children, (el.tag, child.tag)
         _check_xsd(child)
+
+
+# --- 2. the gate cannot pass on nothing --------------------------------------------------------------
+
+
+def test_gate_on_an_fp32_only_report_is_unusable_input(cli: Any, tmp_path: Path) -> None:
+    """Defect: a report holding only the fp32 reference gave "PASS", exit 0, JUnit tests="0"."""
+    (tmp_path / "r.json").write_text(json.dumps(_report(_model("onnx-fp32", "fp32", None))))
+    line = one_error(cli("gate", "r.json", "--junit", "j.xml", "--markdown", "g.md"))
+    assert "nothing to check" in line and "PASS" not in line
+    assert not (tmp_path / "j.xml").exists() and not (tmp_path / "g.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("report", "expect"),
+    [
+        (_report(_model("onnx-fp32", "fp32", None), _model("onnx-int8", "int8"), _model("onnx-int8", "int8", 50.0)),
+         "names the model 'onnx-int8' twice"),
+        (_report(_model("onnx-fp32", "int8", None), _model("onnx-fp16", "fp16")), "not fp32"),
+        (_report(_model("onnx-fp32", "fp32", None), _model("", "int8")), "without a name"),
+        (_report(_model("onnx-fp32", "fp32", None), {**_model("x", "int8"), "name": 7}), "without a name"),
+        (_report(_model("onnx-fp32", "fp32", None), _model("onnx-int8", "int8"), reference="onnx-fp64"),
+         "not one of its models"),
+    ],
+)  # fmt: skip
+def test_gate_refuses_duplicate_unknown_and_non_fp32_references(report: dict[str, Any], expect: str) -> None:
+    """Defects: a duplicate name let one model go unchecked; a non-fp32 reference passed."""
+    with pytest.raises(InputError, match=expect):
+        evaluate(report, GateConfig())
+
+
+@pytest.mark.parametrize("flag", ["--max-reward-drop", "--min-agreement", "--max-p99-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_gate_refuses_non_finite_thresholds(flag: str, value: str) -> None:
+    """Defect: `--max-reward-drop inf` (or nan, which compares false both ways) turned the gate off."""
+    number = parse_percent(value) if flag == "--max-reward-drop" else float(value)
+    kw = {
+        "--max-reward-drop": "max_reward_drop_pct",
+        "--min-agreement": "min_agreement",
+        "--max-p99-ms": "max_p99_ms",
+    }
+    with pytest.raises(InputError, match=f"{flag} must be a finite number"):
+        GateConfig(**{kw[flag]: number})
+
+
+def test_gate_cli_refuses_an_infinite_reward_drop(cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(NORMAL))
+    assert "finite" in one_error(cli("gate", "r.json", "--max-reward-drop", "inf"))
+
+
+def test_a_manifest_whose_int8_is_renamed_onnx_fp32_is_refused(bundle: Path) -> None:
+    """Defect: int8 renamed `onnx-fp32` was never run (shadowed by the real one) and the gate passed."""
+    _rename(bundle, {"onnx-int8": "onnx-fp32"})
+    with pytest.raises(InputError, match="names the model 'onnx-fp32' twice"):
+        load_manifest(bundle)
+    with pytest.raises(InputError, match="twice"):
+        bench(bundle, FAST)
+
+
+def test_junit_has_one_testcase_per_model_and_check_in_the_xsd_shape() -> None:
+    """Defect: JUnit `tests="0"` on nothing checked; the file was string-built (escaping by hand)."""
+    cfg = GateConfig(max_reward_drop_pct=2.0, min_agreement=0.9, max_p99_ms=1.0)
+    checks = evaluate(NORMAL, cfg)
+    root = ET.fromstring(junit_xml(NORMAL, checks))
+    assert root.tag == "testsuites"
+    _check_xsd(root)
+    cases = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
+    # reward drop and agreement for each quantized model, latency for all three
+    expected = {(m, c) for m in ("onnx-fp16", "onnx-int8") for c in ("reward_drop", "agreement")}
+    expected |= {(m, "p99_latency") for m in ("onnx-fp32", "onnx-fp16", "onnx-int8")}
+    assert sorted(cases) == sorted(expected) and len(cases) == len(checks) == 7
+    assert root.find("testsuite").get("tests") == "7"  # type: ignore[union-attr]
 
 
 # --- 4. untrusted text is data -----------------------------------------------------------------------
