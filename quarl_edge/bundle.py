@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,15 +18,24 @@ from quarl_edge.exporters.base import (
     ExportContext,
 )
 from quarl_edge.exporters.targets import resolve_targets
+from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, sha256_file
+from quarl_edge.runtimes.fsutil import (
+    atomic_directory,
+    atomic_write_json,
+    clean_temp_dirs,
+    sha256_file,
+    temp_dir_prefix,
+)
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
 
 TRACE_SAMPLES = 1000
+WORK_PREFIX = "quarl-export"
+"""the exporters' scratch folders in the system temp folder: quarl-export-PID-XXXXXXXX"""
 _EXT = {"onnx": "onnx", "tflite": "tflite"}
 
 
@@ -37,19 +47,32 @@ class BundleRequest:
     config: ExportConfig = ExportConfig()
     record_episodes: int = 10
     """episodes recorded on the fly when no calibration file is given"""
+    reads: Sequence[tuple[str, Path | None]] = ()
+    """what else the export reads, as (label, path): the policy's folder or .zip, a VecNormalize file.
+    ``out`` may not be, hold or lie inside any of them (nor the calibration file)"""
+
+    def inputs(self) -> list[tuple[str, Path | None]]:
+        return [("calibration file", self.calibration), *self.reads]
 
 
-def _calibration(policy: Policy, req: BundleRequest) -> Trace:
+def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Trace:
     if req.calibration is not None:
         trace = load_trace(req.calibration)
         check_trace_fits(trace, policy, req.calibration)
         return trace
+    log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")
     return record(policy, RecordConfig(episodes=req.record_episodes, epsilon=0.1, seed=0, max_samples=5000))
 
 
-def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
+def export_bundle(
+    policy: Policy, req: BundleRequest, log: Callable[[str], None] = lambda _m: None
+) -> Manifest:
+    """Export ``policy`` into the bundle folder ``req.out`` (replaced as a whole, atomically, when it is
+    a bundle already; anything else there is refused first: quarl_edge.outputs)."""
     targets = resolve_targets(list(req.targets))  # cheap validation before any expensive step
-    calib = _calibration(policy, req)
+    claim(req.out, BUNDLE, req.inputs())
+    clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
+    calib = _calibration(policy, req, log)
     calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
     if calib_obs.dtype.kind == "f":  # NaN/inf rows would poison the calibrated ranges
         calib_obs = calib_obs[np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)]
@@ -63,7 +86,8 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
         {"qat": resolved.qat, "plain": resolved.plain, "learned_ranges": resolved.ranges} if resolved else {}
     )
     entries: list[ModelEntry] = []
-    with tempfile.TemporaryDirectory(prefix="quarl-export-") as work, atomic_directory(req.out) as tmp:
+    work_dir = tempfile.TemporaryDirectory(prefix=temp_dir_prefix(WORK_PREFIX))
+    with work_dir as work, atomic_directory(req.out) as tmp:
         for name in targets:
             fmt, precision = name.rsplit("-", 1)
             ctx = ExportContext(
@@ -108,4 +132,5 @@ def export_bundle(policy: Policy, req: BundleRequest) -> Manifest:
             tool_version=__version__,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+        claim(req.out, BUNDLE, req.inputs())  # again, just before the swap: the export took a while
     return manifest

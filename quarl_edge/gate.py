@@ -8,17 +8,33 @@ used twice, a reference that is not fp32, a threshold that is not a finite numbe
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
 from quarl_edge.text import clean, md_cell
 
 SUITE = "quarl-edge gate"
 MARKDOWN_TITLE = "## quarl-edge gate:"
+_OUR_JUNIT = re.compile(rb"<testsuites[^>]*>\s*<testsuite name=\"quarl-edge gate")
+
+
+def _is_our_junit(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return bool(_OUR_JUNIT.search(f.read(4096)))
+    except OSError:
+        return False
+
+
+JUNIT = Kind("gate JUnit file", False, _is_our_junit)
+MARKDOWN = Kind("gate Markdown summary", False, text_starts_with(MARKDOWN_TITLE))
 
 
 @dataclass(frozen=True)
@@ -175,7 +191,20 @@ def markdown_summary(report: dict[str, Any], checks: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(report: dict[str, Any], checks: list[Check], junit: Path | None, md: Path | None) -> None:
+def write_outputs(
+    report: dict[str, Any],
+    checks: list[Check],
+    junit: Path | None,
+    md: Path | None,
+    reads: Iterable[tuple[str, Path | None]] = (),
+) -> None:
+    """Write the JUnit file and the Markdown summary; both targets are checked (outputs.claim) before
+    either is written, and neither may be one of ``reads`` (the report)."""
+    reads = list(reads)
+    if junit:
+        claim(junit, JUNIT, reads, flag="--junit")
+    if md:
+        claim(md, MARKDOWN, reads, flag="--markdown")
     if junit:
         atomic_write_text(junit, junit_xml(report, checks))
     if md:

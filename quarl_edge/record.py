@@ -6,12 +6,14 @@ continuous ones) makes the calibration cover states off the greedy path.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from quarl_edge import __version__
+from quarl_edge.outputs import TRACE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError
@@ -105,13 +107,20 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     )
 
 
-def record_to_file(policy: Policy, cfg: RecordConfig, out: Path) -> Trace:
-    """Record and save to ``out`` (.npz), refusing another suffix before any episode runs."""
+def record_to_file(
+    policy: Policy, cfg: RecordConfig, out: Path, reads: Iterable[tuple[str, Path | None]] = ()
+) -> Trace:
+    """Record and save to ``out`` (.npz), refusing another suffix, or a target that is not absent or a
+    trace (outputs.claim; ``reads``: the (label, path) of the policy and other inputs), before any
+    episode runs."""
     if out.suffix != ".npz":
         raise InputError(
             f"--out {str(out)!r} must end in .npz", f"e.g. --out calibration_data/{out.stem}.npz"
         )
+    reads = list(reads)
+    claim(out, TRACE, reads)
     trace = record(policy, cfg)
+    claim(out, TRACE, reads)  # again: recording took a while
     save_trace(trace, out)
     return trace
 

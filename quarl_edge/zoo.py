@@ -152,6 +152,7 @@ def add(
     import dataclasses
     import re
 
+    from quarl_edge.outputs import CHECKPOINT, TRACE, claim
     from quarl_edge.policy.load import load_policy
     from quarl_edge.policy.net import save_checkpoint
     from quarl_edge.record import RecordConfig, record
@@ -190,6 +191,11 @@ def add(
         if where.index.exists() or where.builtin
         else ({"format": "quarl-edge/zoo", "version": 1}, [])
     )
+    # the entry's two files: absent or ours, and neither the policy being added (checked before the evaluation)
+    checkpoint, calibration = where.index.parent / name, where.calibration / f"{name}.npz"
+    reads = [("policy", policy_dir), ("VecNormalize file", vecnormalize)]
+    claim(checkpoint, CHECKPOINT, reads, "--name", f"the zoo entry {str(checkpoint)!r}")
+    claim(calibration, TRACE, reads, "--name", f"the zoo entry's calibration file {str(calibration)!r}")
     say = progress or (lambda _m: None)
     say(f"evaluating {name} over {episodes} episodes")
     mean, std, _ = evaluate(policy, episodes)
@@ -211,8 +217,8 @@ def add(
         fp32_episodes=episodes, suites=tuple(suites),
     )  # fmt: skip
     where.calibration.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(policy, where.index.parent / name)  # atomic: the folder appears complete or not at all
-    save_trace(trace, where.calibration / f"{name}.npz")
+    save_checkpoint(policy, checkpoint)  # atomic: the folder appears complete or not at all
+    save_trace(trace, calibration)
     data["policies"] = [e.to_dict() for e in entries if e.name != name] + [entry.to_dict()]
     atomic_write_json(where.index, data)  # last: the entry names files that are already in place
     return dataclasses.replace(entry, root=where.index.parent, calibration_root=where.calibration)

@@ -6,24 +6,31 @@ Each test names the defect it catches; each would fail on the code before the fi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from quarl_edge.bench.device import bench_on_device
 from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench
-from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.bundle import WORK_PREFIX, BundleRequest, export_bundle
 from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary, parse_percent
-from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.policy.net import load_checkpoint, save_checkpoint
+from quarl_edge.record import RecordConfig, record_to_file
+from quarl_edge.runtimes import fsutil
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.fsutil import clean_leftovers
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.text import clean, md_cell
 
@@ -125,6 +132,217 @@ def _check_xsd(el: ET.Element) -> None:
     for child in el:
         assert child.tag in children, (el.tag, child.tag)
         _check_xsd(child)
+
+
+# --- 1. outputs never destroy what they did not create -------------------------------------------------
+
+
+def test_export_out_home_is_refused_and_changes_nothing(
+    cli: Any, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: `export --out ~` replaced a home folder (with its .ssh/) by a bundle, exit 0."""
+    home = work / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (home / "notes.txt").write_text("mine")
+    monkeypatch.setenv("HOME", str(home))
+    before = snapshot(work)
+    p = cli("export", "--policy", "pol", "--calibration", "calib/cartpole-ppo.npz", "--to", "onnx-fp32",
+            "--out", Path.home())  # fmt: skip
+    line = one_error(p)
+    assert str(home) in line and "not a quarl-edge bundle" in line
+    assert snapshot(work) == before
+
+
+def test_export_out_the_policy_folder_is_refused_and_changes_nothing(cli: Any, work: Path) -> None:
+    """Defect: `export --out runs/cartpole-ppo` (the policy being exported) deleted the trained policy."""
+    before = snapshot(work)
+    line = one_error(cli("export", "--policy", "pol", "--to", "onnx-fp32", "--out", "pol"))
+    assert "'pol' is the policy" in line
+    assert snapshot(work) == before
+
+
+def test_export_refuses_the_calibration_folder_a_file_and_a_folder_holding_the_policy(work: Path) -> None:
+    """Defects: `--out` on the calibration file's folder deleted every .npz in it; an ordinary file
+    became a folder; a folder holding the policy would be replaced with it."""
+    _refused(work, work / "calib", "holds the calibration file")
+    (work / "notes.txt").write_text("mine")
+    _refused(work, work / "notes.txt", "is a file")
+    _refused(work, work, "holds the (calibration file|policy)")
+    (work / "stuff").mkdir()
+    (work / "stuff" / "a.txt").write_text("mine")
+    _refused(work, work / "stuff", "is not a quarl-edge bundle")
+
+
+def test_export_refuses_a_symlink_and_a_target_inside_a_bundle(work: Path, cartpole_bundle: Path) -> None:
+    """Defect: a link as --out was replaced (os.replace renames the link), a bundle's files could be
+    overwritten by another export nested in it."""
+    (work / "elsewhere").mkdir()
+    (work / "link").symlink_to(work / "elsewhere")
+    _refused(work, work / "link", "symbolic link")
+    shutil.copytree(cartpole_bundle, work / "b")
+    _refused(work, work / "b" / "inner", "inside the bundle")
+
+
+def test_export_replaces_its_own_bundle_but_not_one_holding_a_users_file(work: Path) -> None:
+    """Re-exporting over a bundle is the documented default (atomic); a file the user put in it is not
+    silently deleted with it."""
+    policy = load_checkpoint(work / "pol")
+    out = work / "bundles" / "b"
+    export_bundle(policy, _request(work, out))
+    first = snapshot(out)
+    export_bundle(policy, BundleRequest(out=out, targets=("onnx-fp32", "onnx-int8"),
+                                        calibration=work / "calib" / "cartpole-ppo.npz"))  # fmt: skip
+    assert [m.name for m in load_manifest(out).models] == ["onnx-fp32", "onnx-int8"]
+    assert snapshot(out) != first
+    (out / "notes.md").write_text("my results")
+    _refused(work, out, "also holds 'notes.md'")
+    empty = work / "empty"
+    empty.mkdir()
+    export_bundle(policy, _request(work, empty))  # an empty folder holds nothing to lose
+    assert (empty / "manifest.json").is_file()
+
+
+def test_record_refuses_a_file_that_is_not_a_trace_and_a_target_in_the_policy(work: Path) -> None:
+    """Defect: `record --out` replaced any file with a trace (and would write into the policy)."""
+    policy = load_checkpoint(work / "pol")
+    cfg = RecordConfig(episodes=1, max_steps=5)
+    np.savez(work / "data.npz", x=np.arange(3))
+    before = snapshot(work)
+    with pytest.raises(InputError, match="is not a quarl-edge trace"):
+        record_to_file(policy, cfg, work / "data.npz")
+    with pytest.raises(InputError, match="inside the policy"):
+        record_to_file(policy, cfg, work / "pol" / "calib.npz", [("policy", work / "pol")])
+    assert snapshot(work) == before
+    mine = work / "calib" / "cartpole-ppo.npz"
+    record_to_file(policy, cfg, mine)  # our own trace is replaced
+    assert json.loads(str(np.load(mine)["meta"][()]))["samples"] == 5
+
+
+def test_train_refuses_an_out_that_is_not_a_checkpoint_before_training(work: Path) -> None:
+    """Defect: `train --out` goes through the same writer and replaced any folder."""
+    from quarl_edge.train.trainer import TrainConfig, train
+
+    (work / "runs").mkdir()
+    (work / "runs" / "data.csv").write_text("1,2,3")
+    before = snapshot(work)
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match="not a quarl-edge checkpoint"):
+        train(TrainConfig(env="CartPole-v1", algo="ppo", out=work / "runs", steps=64))
+    assert time.monotonic() - t0 < 30  # refused before any step of training
+    assert snapshot(work) == before
+
+
+def test_zoo_add_refuses_an_entry_folder_that_is_not_a_checkpoint(work: Path) -> None:
+    """Defect: `zoo add` replaced DIR/<name> whatever it was (after a long evaluation)."""
+    from quarl_edge.zoo import add
+
+    (work / "zoo" / "mine").mkdir(parents=True)
+    (work / "zoo" / "mine" / "thesis.tex").write_text("years of work")
+    before = snapshot(work)
+    with pytest.raises(InputError, match="zoo entry .* not a quarl-edge checkpoint"):
+        add(work / "pol", "mine", episodes=20, zoo=work / "zoo")
+    with pytest.raises(InputError, match="is the policy"):
+        add(work / "pol", "pol", episodes=20, zoo=work)
+    assert snapshot(work) == before
+
+
+def test_a_failed_checkpoint_save_keeps_the_trainers_resume_state(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: save_checkpoint moved resume/ into its temporary folder, so a save that failed (or was
+    killed) took the resume state down with the temporary folder."""
+    from quarl_edge.policy import net
+
+    (work / "pol" / "resume").mkdir()
+    (work / "pol" / "resume" / "sb3_model.zip").write_bytes(b"state of a 3-day run")
+    policy = load_checkpoint(work / "pol")
+    before = snapshot(work / "pol")
+
+    def disk_full(path: Any, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(net, "atomic_write_bytes", disk_full)
+    with pytest.raises(OSError):
+        save_checkpoint(policy, work / "pol", keep=("resume",))
+    assert snapshot(work / "pol") == before
+    monkeypatch.undo()
+    save_checkpoint(policy, work / "pol", keep=("resume",))
+    assert (work / "pol" / "resume" / "sb3_model.zip").read_bytes() == b"state of a 3-day run"
+
+
+def test_leftovers_of_killed_runs_are_cleaned_by_the_next_run(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: SIGKILLed exports left `.NAME.*.tmp` and /tmp/quarl-export-* behind forever. Only our
+    own names are removed, and only a dead run's or an hours-old one."""
+    systmp = work / "systmp"
+    systmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
+    out = work / "b"
+
+    def made(path: Path, when: float = HOURS_AGO, folder: bool = True) -> Path:
+        path.mkdir() if folder else path.write_text("x")
+        os.utime(path, (when, when))
+        return path
+
+    gone = [made(work / f".b.{DEAD_PID}.abcd1234.tmp", time.time() - 120),  # its process is gone
+            made(work / ".b.zz99_xyz.tmp"),  # an earlier version's name, hours old
+            made(work / f".b.{DEAD_PID}.qwer5678.tmp", folder=False),
+            made(systmp / f"{WORK_PREFIX}-{DEAD_PID}-abcd1234", time.time() - 120),
+            made(systmp / f"{WORK_PREFIX}-abcd1234")]  # fmt: skip
+    kept = [made(work / ".b.1.abcd1234.tmp", time.time()),  # pid 1 runs: a live writer's
+            made(work / ".b.notes.tmp"),  # not a name our writers make
+            made(work / ".bb.abcd1234.tmp"),  # another target's
+            made(systmp / f"{WORK_PREFIX}-{DEAD_PID}-new12345", time.time()),  # too fresh to judge
+            made(systmp / "quarl-exports-abcd1234")]  # fmt: skip
+    export_bundle(load_checkpoint(work / "pol"), _request(work, out))
+    assert [p for p in gone if os.path.lexists(p)] == []
+    assert [p for p in kept if not p.exists()] == []
+
+
+def test_a_replaced_folder_left_by_a_kill_between_two_renames_is_kept_until_the_new_one_exists(
+    tmp_path: Path,
+) -> None:
+    """`.NAME.old-PID` is the only complete copy while NAME is missing: never removed then."""
+    old = tmp_path / f".b.old-{DEAD_PID}"
+    old.mkdir()
+    (old / "manifest.json").write_text("{}")
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    assert clean_leftovers(tmp_path / "b") == [] and old.exists()
+    (tmp_path / "b").mkdir()
+    assert clean_leftovers(tmp_path / "b") == [old] and not old.exists()
+
+
+def test_bench_out_on_the_bundles_manifest_is_refused(cli: Any, bundle: Path) -> None:
+    """Defect: `bench --bundle b --out b/manifest.json` wrote the report over the bundle's manifest."""
+    before = snapshot(bundle)
+    line = one_error(cli("bench", "--bundle", bundle, "--out", bundle / "manifest.json", "--episodes", "1"))
+    assert "inside the bundle" in line
+    assert snapshot(bundle) == before
+
+
+def test_bench_refuses_a_markdown_or_partial_file_beside_out_that_is_not_ours(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """Defect: the report's .md (and .partial.json) beside --out replaced whatever had that name."""
+    (tmp_path / "r.md").write_text("# my lab notes\n")
+    (tmp_path / "q.partial.json").write_text('{"mine": true}')
+    before = snapshot(tmp_path)
+    with pytest.raises(InputError, match="report's Markdown"):
+        bench_on_device(bundle, FAST, out=tmp_path / "r.json")
+    with pytest.raises(InputError, match="partial results file"):
+        bench_on_device(bundle, FAST, out=tmp_path / "q.json")
+    assert snapshot(tmp_path) == before
+
+
+def test_gate_outputs_never_overwrite_the_report(cli: Any, tmp_path: Path) -> None:
+    """Defect: `gate r.json --junit r.json` replaced the report with the JUnit file."""
+    (tmp_path / "r.json").write_text(json.dumps(NORMAL))
+    before = snapshot(tmp_path)
+    assert "is the report" in one_error(cli("gate", "r.json", "--junit", "r.json"))
+    assert "is the report" in one_error(cli("gate", "r.json", "--markdown", "r.json"))
+    assert snapshot(tmp_path) == before
 
 
 # --- 2. the gate cannot pass on nothing --------------------------------------------------------------
@@ -278,3 +496,19 @@ def test_junit_and_markdown_stay_well_formed_for_any_name() -> None:
     md = markdown_summary(report, checks).splitlines()
     assert len([line for line in md if line.startswith("| ")]) == 1 + len(checks)
     assert all(len(re.findall(r"(?<!\\)\|", line)) == 6 for line in md if line.startswith("| "))
+
+
+def test_fsutil_names_its_temporaries_with_the_writers_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What lets the next run tell a killed writer's leftover from a running one's."""
+    seen: list[str] = []
+    real = os.replace
+
+    def spy(src: Any, dst: Any) -> None:
+        seen.append(Path(src).name)
+        real(src, dst)
+
+    monkeypatch.setattr(fsutil.os, "replace", spy)
+    fsutil.atomic_write_text(tmp_path / "r.json", "{}")
+    assert seen and seen[0].startswith(f".r.json.{os.getpid()}.") and seen[0].endswith(".tmp")

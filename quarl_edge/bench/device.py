@@ -10,12 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.bench.partial import partial_path
-from quarl_edge.bench.report import write_report
+from quarl_edge.bench.partial import PARTIAL_FORMAT, partial_path
+from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
 from quarl_edge.bench.run import BenchConfig, Event, Transport, bench, local_transport
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
+from quarl_edge.outputs import Kind, claim, json_format
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
+
+PARTIAL = Kind("partial bench file", False, lambda p: json_format(p) == PARTIAL_FORMAT)
 
 
 def transport_for(profile: DeviceProfile) -> Transport:
@@ -32,13 +35,22 @@ def model_count(bundle: Path, cfg: BenchConfig) -> int:
     return len(cfg.models or load_manifest(bundle).models)
 
 
-def check_out(out: Path | None, resume: bool) -> None:
+def check_out(out: Path | None, resume: bool, bundle: Path | None = None, trace: Path | None = None) -> None:
+    """The report's path, its Markdown and partial file beside it: each absent or ours (outputs.claim),
+    none of them in the bundle or the trace this bench reads."""
     if out is not None and out.suffix != ".json":
         raise InputError(f"--out {str(out)!r} must end in .json", "e.g. --out reports/policy.json")
     if resume and out is None:
         raise InputError(
             "--resume needs the --out of the interrupted bench", "e.g. --out reports/policy.json --resume"
         )
+    if out is None:
+        return
+    reads = [("bundle", bundle), ("trace", trace)]
+    claim(out, REPORT, reads)
+    md, partial = out.with_suffix(".md"), partial_path(out)
+    claim(md, REPORT_MARKDOWN, reads, name=f"the report's Markdown {str(md)!r} (beside --out)")
+    claim(partial, PARTIAL, reads, name=f"the partial results file {str(partial)!r} (beside --out)")
 
 
 def bench_on_device(
@@ -57,7 +69,7 @@ def bench_on_device(
     ``threads_given=False``: the bench runs with the profile's default thread count instead of cfg's.
     """
     profile = load_profile(device, overrides)
-    check_out(out, resume)
+    check_out(out, resume, bundle, cfg.trace)
     if not threads_given:
         cfg = replace(cfg, threads=profile.default_threads)
     partial = partial_path(out) if out is not None else None

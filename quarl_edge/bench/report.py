@@ -7,11 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.bench.run import REPORT_FORMAT, finite_json
+from quarl_edge.outputs import Kind, json_format, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.text import md_cell
 
 MARKDOWN_TITLE = "# quarl-edge bench:"
+REPORT = Kind("bench report", False, lambda p: json_format(p) == REPORT_FORMAT)
+REPORT_MARKDOWN = Kind("bench report Markdown", False, text_starts_with(MARKDOWN_TITLE))
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 
 

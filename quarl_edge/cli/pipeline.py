@@ -106,7 +106,8 @@ def record(
     cfg = RecordConfig(
         episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps, max_samples=max_samples
     )
-    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out)
+    reads = [("policy", policy), ("VecNormalize file", vecnormalize)]
+    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out, reads)
     if as_json:
         print_json({"out": str(out), "samples": trace.samples, "episodes": trace.episodes, "sha256": trace.sha256,
                     "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
@@ -141,10 +142,11 @@ def export(
                        float_io_layers=not full_int8)  # fmt: skip
     targets = tuple(resolve_targets(to))
     pol = load_policy(policy, env, algo, vecnormalize)
-    if calibration is None:
-        info("no --calibration given: recording 10 episodes for calibration")
+    reads = (("policy", policy), ("VecNormalize file", vecnormalize))
     manifest = export_bundle(
-        pol, BundleRequest(out=out, targets=targets, calibration=calibration, config=cfg)
+        pol,
+        BundleRequest(out=out, targets=targets, calibration=calibration, config=cfg, reads=reads),
+        log=info,
     )
     if as_json:
         print_json(manifest.to_dict())
@@ -215,7 +217,7 @@ def gate(
                      max_p99_ms=max_p99_ms)  # fmt: skip
     data = read_report(report)
     checks = evaluate(data, cfg)
-    write_outputs(data, checks, junit, markdown)
+    write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
     if as_json:
         print_json({"passed": not failed, "checks": [c.__dict__ for c in checks]})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl_edge.policy.format import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
@@ -26,8 +28,6 @@ from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha
 from quarl_edge.runtimes.spec import PolicySpec
 from quarl_edge.train.qat import QATClock, convert
 
-CHECKPOINT_FORMAT = "quarl-edge/checkpoint"
-CHECKPOINT_VERSION = 1
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
     "relu": nn.ReLU,
@@ -210,6 +210,13 @@ def _weights_bytes(net: nn.Module) -> bytes:
     return buf.getvalue()
 
 
+def _link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links
+        shutil.copy2(src, dst)
+
+
 def save_checkpoint(
     policy: Policy, out_dir: str | Path, extra: dict[str, Any] | None = None, keep: tuple[str, ...] = ()
 ) -> Path:
@@ -229,8 +236,12 @@ def save_checkpoint(
     }
     with atomic_directory(out_dir) as tmp:
         for name in keep:
-            if (out_dir / name).exists():
-                os.replace(out_dir / name, tmp / name)
+            # hard links, not a move: until the new folder is in place the old one stays whole, so a
+            # run killed here loses nothing (the temporary folder is a leftover the next run removes)
+            if (out_dir / name).is_dir():
+                shutil.copytree(out_dir / name, tmp / name, copy_function=_link_or_copy)
+            elif (out_dir / name).exists():
+                _link_or_copy(out_dir / name, tmp / name)
         atomic_write_bytes(tmp / "weights.npz", weights)
         atomic_write_bytes(tmp / "policy.json", (json.dumps(meta, indent=2) + "\n").encode())
     return out_dir

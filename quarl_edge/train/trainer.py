@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
+from quarl_edge.outputs import CHECKPOINT, claim
+from quarl_edge.policy.format import BEST_DIR, RESUME_DIR, RESUME_FILE, SELECTION_FILE
 from quarl_edge.policy.net import Policy, save_checkpoint
 from quarl_edge.policy.registry import entry, env_config, resolve_id
 from quarl_edge.quant.config import QATConfig
@@ -171,10 +173,6 @@ def _checkpoint_callback(every: int, save: Any) -> Any:
     return Periodic()
 
 
-RESUME_DIR = "resume"
-RESUME_FILE = "sb3_model.zip"
-
-
 def resume_path(out: Path) -> Path:
     # SB3's own save format (it pickles some fields); written and read only by this trainer, to resume.
     return out / RESUME_DIR / RESUME_FILE
@@ -222,8 +220,6 @@ def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> An
 
 
 SELECT_SEED0 = 20_000  # --keep-best scores on its own seeds, not on the final evaluation's (10_000+)
-BEST_DIR = "best"
-SELECTION_FILE = "selection.json"
 
 
 class BestKeeper:
@@ -326,6 +322,7 @@ def train(cfg: TrainConfig) -> Policy:
     from quarl_edge.policy.sb3 import base_spec, parts_from_model, policy_from_parts
 
     env_cfg = validate(cfg)
+    claim(cfg.out, CHECKPOINT)  # before hours of training: an existing --out must be a checkpoint
     if cfg.resume and not resume_path(cfg.out).is_file():
         raise InputError(
             f"nothing to resume in {str(cfg.out)!r} (no {RESUME_DIR}/{RESUME_FILE})",
