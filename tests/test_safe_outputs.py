@@ -16,20 +16,23 @@ import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from quarl_edge.bench import device as bench_device
 from quarl_edge.bench.device import bench_on_device
-from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench
+from quarl_edge.bench.partial import partial_path
+from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench, local_transport
 from quarl_edge.bundle import WORK_PREFIX, BundleRequest, export_bundle
 from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary, parse_percent
 from quarl_edge.policy.net import load_checkpoint, save_checkpoint
 from quarl_edge.record import RecordConfig, record_to_file
 from quarl_edge.runtimes import fsutil
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import clean_leftovers
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.text import clean, md_cell
@@ -415,6 +418,61 @@ def test_junit_has_one_testcase_per_model_and_check_in_the_xsd_shape() -> None:
     expected |= {(m, "p99_latency") for m in ("onnx-fp32", "onnx-fp16", "onnx-int8")}
     assert sorted(cases) == sorted(expected) and len(cases) == len(checks) == 7
     assert root.find("testsuite").get("tests") == "7"  # type: ignore[union-attr]
+
+
+# --- 3. a finished measurement is never lost ---------------------------------------------------------
+
+
+def _counting(calls: list[list[str]]) -> Any:
+    def transport(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+        calls.append(args)
+        yield from local_transport(bundle, args)
+
+    return transport
+
+
+def test_a_report_that_cannot_be_written_keeps_the_partial_and_resume_writes_it(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: the .partial.json was deleted before the report was written, so with --out an existing
+    folder the finished bench was lost and --resume said "nothing to resume"."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(bench_device, "transport_for", lambda _profile: _counting(calls))
+    out = tmp_path / "r.json"
+    cfg = BenchConfig(episodes=2, latency_samples=20, warmup=1, models=("onnx-int8",))
+
+    def block(ev: dict[str, Any]) -> None:  # someone makes --out a folder while the bench runs
+        if ev.get("event") == "model_done":
+            out.mkdir(exist_ok=True)
+
+    with pytest.raises(InputError) as exc:
+        bench_on_device(bundle, cfg, out=out, progress=block)
+    msg = str(exc.value)
+    assert "report could not be written" in msg and str(partial_path(out)) in msg and "--resume" in msg
+    saved = json.loads(partial_path(out).read_text())
+    assert all(m["run"] is not None for m in saved["models"].values())
+    ran = len(calls)
+    out.rmdir()
+    report = bench_on_device(bundle, cfg, out=out, resume=True)
+    assert len(calls) == ran  # nothing measured again
+    assert report["resumed"] == {"episodes_kept": 4}
+    assert json.loads(out.read_text())["models"][1]["name"] == "onnx-int8"
+    assert out.with_suffix(".md").is_file() and not partial_path(out).exists()
+
+
+def test_a_failing_report_write_keeps_the_partial(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a write that fails underneath (disk full): one line naming the partial and --resume."""
+
+    def disk_full(report: Any, path: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bench_device, "write_report", disk_full)
+    out = tmp_path / "r.json"
+    with pytest.raises(QuarlError, match="No space left on device.*kept in .*--resume"):
+        bench_on_device(bundle, FAST, out=out)
+    assert partial_path(out).is_file()
 
 
 # --- 4. untrusted text is data -----------------------------------------------------------------------

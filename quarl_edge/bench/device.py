@@ -15,7 +15,7 @@ from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
 from quarl_edge.bench.run import BenchConfig, Event, Transport, bench, local_transport
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
 from quarl_edge.outputs import Kind, claim, json_format
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
 
 PARTIAL = Kind("partial bench file", False, lambda p: json_format(p) == PARTIAL_FORMAT)
@@ -53,6 +53,23 @@ def check_out(out: Path | None, resume: bool, bundle: Path | None = None, trace:
     claim(partial, PARTIAL, reads, name=f"the partial results file {str(partial)!r} (beside --out)")
 
 
+def _write(report: dict[str, Any], out: Path, bundle: Path, trace: Path | None) -> None:
+    """Write the report, then remove the partial file: never the other way round."""
+    partial = partial_path(out)
+    try:
+        check_out(out, False, bundle, trace)  # again: the bench took a while, the path may have changed
+        write_report(report, out)
+    except (QuarlError, OSError) as e:
+        why = e.problem if isinstance(e, QuarlError) else f"{e.strerror or e}"
+        raise InputError(
+            f"the bench finished but its report could not be written ({why}); every result is kept in "
+            f"{str(partial)!r}",
+            f"free --out {str(out)!r} (or fix its folder) and run the same command with --resume: it "
+            "writes the report without measuring again",
+        ) from e
+    partial.unlink(missing_ok=True)
+
+
 def bench_on_device(
     bundle: Path,
     cfg: BenchConfig,
@@ -85,5 +102,5 @@ def bench_on_device(
         if close is not None:
             close()
     if out is not None:
-        write_report(report, out)
+        _write(report, out, bundle, cfg.trace)
     return report

@@ -200,8 +200,10 @@ def bench(
 ) -> dict[str, Any]:
     """Run every model on the same seeds; return the report (JSON-able dict).
 
-    ``partial``: keep finished work in this file as it arrives (removed when the bench completes);
-    ``resume``: continue the bench saved there, running only what is missing.
+    ``partial``: keep finished work in this file as it arrives; it is left in place, for the caller to
+    remove once the report is safely on disk (bench.device.bench_on_device does), so a report that
+    cannot be written loses nothing. ``resume``: continue the bench saved there, running only what is
+    missing.
     """
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
@@ -239,7 +241,6 @@ def bench(
         if not state.has_progress():
             raise
         raise state.interrupted(e) from e
-    state.discard()
     ref_run = runs[ref.name]
     models = []
     for name in names:
