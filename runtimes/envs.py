@@ -16,6 +16,10 @@ from .spec import EnvConfig, SpaceSpec
 
 # Extra each optional module comes from, for the install hint.
 _EXTRA_FOR_MODULE = {"ale_py": "atari", "Box2D": "box2d", "mujoco": "mujoco"}
+# The packages an environment description may ask to import (they register gymnasium ids on import).
+# Anything else in a manifest's env.imports is refused: importing runs a module's code, and a bundle is
+# data. A custom env names its own module in its id instead ("my_pkg.envs:MyEnv-v0"), which the user chose.
+ENV_MODULES = ("ale_py", "shimmy", "dm_control", "mujoco", "Box2D", "gymnasium_robotics", "minigrid")
 
 
 def _atari_preprocessing(env: Any, **kw: Any) -> Any:
@@ -54,6 +58,13 @@ def import_env_modules(config: EnvConfig) -> None:
     import gymnasium as gym
 
     modules = list(config.imports)
+    foreign = [m for m in modules if m not in ENV_MODULES]
+    if foreign:
+        raise InputError(
+            f"environment {config.id!r} asks to import {foreign[0]!r}, which is not an environment package "
+            f"({', '.join(ENV_MODULES)})",
+            "name a custom environment's module in its id instead, e.g. 'my_pkg.envs:MyEnv-v0'",
+        )
     if ":" in config.id:  # gymnasium's "module:EnvId" form registers custom environments on import
         modules.append(config.id.split(":", 1)[0])
     for name in modules:

@@ -36,7 +36,9 @@ class OnnxSession:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
         try:
-            self._sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            # from the bytes, not the path: with no model path ORT cannot follow external-data references
+            # to files the manifest does not hash, so a model runs only what was verified
+            self._sess = ort.InferenceSession(path.read_bytes(), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own pybind exception types for bad files
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise IntegrityError(

@@ -1,0 +1,59 @@
+"""A bundle runs only what its manifest verified (issue 15, integrity): an ONNX model that pulls its
+weights from an external-data file the manifest does not hash is refused, and a manifest cannot make
+the runner import an arbitrary module through env.imports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from quarl_edge.runtimes.envs import make_env
+from quarl_edge.runtimes.errors import InputError, IntegrityError
+from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.runner import PolicyRunner
+from quarl_edge.runtimes.spec import EnvConfig
+
+
+def _rehash(bundle: Path, name: str) -> None:
+    doc = json.loads((bundle / "manifest.json").read_text())
+    for m in doc["models"]:
+        if m["name"] == name:
+            path = bundle / m["file"]
+            m["sha256"], m["size_bytes"] = sha256_file(path), path.stat().st_size
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+
+
+def test_an_onnx_model_with_unhashed_external_data_is_refused(cartpole_bundle: Path, tmp_path: Path) -> None:
+    bundle = Path(shutil.copytree(cartpole_bundle, tmp_path / "b"))
+    entry = load_manifest(bundle).model("onnx-fp32")
+    model = onnx.load(str(bundle / entry.file))
+    # the weights move to a side file the manifest knows nothing about; the .onnx is re-hashed
+    onnx.save_model(model, str(bundle / entry.file), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)  # fmt: skip
+    _rehash(bundle, "onnx-fp32")
+    side = bundle / "weights.bin"
+    side.write_bytes(np.zeros(side.stat().st_size, np.uint8).tobytes())  # tampered: every weight 0
+    load_manifest(bundle)  # every file the manifest names still checks out
+    with pytest.raises(IntegrityError, match="not a loadable ONNX model"):
+        PolicyRunner(bundle, "onnx-fp32", threads=1)
+    # control: the untampered bundle's model runs
+    PolicyRunner(cartpole_bundle, "onnx-fp32", threads=1).act(np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("module", ["os", "subprocess", "quarl_edge.policy.net", "this"])
+def test_env_imports_only_environment_packages(module: str) -> None:
+    cfg = EnvConfig(id="CartPole-v1", imports=(module,))
+    with pytest.raises(InputError, match="not an environment package"):
+        make_env(cfg)
+
+
+def test_env_imports_of_an_environment_package_are_imported() -> None:
+    pytest.importorskip("ale_py")
+    env = make_env(EnvConfig(id="ALE/Pong-v5", imports=("ale_py",), make_kwargs={"frameskip": 1}))
+    env.close()
