@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import schema
 from .artifact import read_artifact
 from .errors import InputError, IntegrityError
 from .fsutil import sha256_file
@@ -94,15 +95,25 @@ class Manifest:
             )
         if version > BUNDLE_VERSION:
             raise InputError("bundle manifest is newer than this quarl-edge", "upgrade quarl-edge")
+        fix = "re-export the bundle"
         try:
+            if not isinstance(d["models"], list) or len(d["models"]) > 256:
+                raise InputError("bundle manifest models is not a list of at most 256", fix)
+            for k in ("calibration", "trace"):
+                if d.get(k) is not None:
+                    schema.obj(d[k], f"bundle manifest {k}", fix)
+            trace = d.get("trace")
+            if trace:
+                schema.text(trace.get("file"), "bundle manifest trace.file", fix, 255)
+                schema.text(trace.get("sha256"), "bundle manifest trace.sha256", fix, 64)
             models = tuple(
                 ModelEntry(
-                    name=str(m["name"]),
-                    file=str(m["file"]),
-                    format=str(m["format"]),
-                    precision=str(m["precision"]),
-                    sha256=str(m["sha256"]),
-                    size_bytes=int(m["size_bytes"]),
+                    name=schema.text(m["name"], "model name", fix, 256),
+                    file=schema.text(m["file"], "model file", fix, 255),
+                    format=schema.text(m["format"], "model format", fix, 32),
+                    precision=schema.text(m["precision"], "model precision", fix, 32),
+                    sha256=schema.text(m["sha256"], "model sha256", fix, 64),
+                    size_bytes=schema.integer(m["size_bytes"], "model size_bytes", fix, 0, 2**40),
                     quantization=dict(m.get("quantization") or {}),
                     io=dict(m.get("io") or {}),
                     toolchain={str(k): str(v) for k, v in (m.get("toolchain") or {}).items()},
@@ -124,9 +135,9 @@ class Manifest:
                 created=str(d.get("created", "")),
                 tool_version=str(d.get("tool_version", "")),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except schema.MALFORMED as e:
             raise InputError(
-                f"malformed bundle manifest (bad or missing field {e})", "re-export the bundle"
+                f"malformed bundle manifest (bad or missing field: {type(e).__name__}: {str(e)[:120]})", fix
             ) from None
 
 

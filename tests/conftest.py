@@ -154,8 +154,17 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     return InstalledWheel(wheel, venv)
 
 
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption("--fuzz-examples", default=200, type=int, help="cases per artifact in tests/test_fuzz.py")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line naming every tier (test file) that skipped tests, and why: nothing skips silently."""
+    """How many fuzz cases ran per artifact; one line naming every tier (test file) that skipped tests,
+    and why: nothing skips silently."""
+    fuzz = sys.modules.get("test_fuzz")
+    counts = getattr(fuzz, "COUNTS", None)
+    if counts:
+        terminalreporter.write_line("fuzz cases: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     by_file: dict[str, set[str]] = {}
     for rep in terminalreporter.stats.get("skipped", []):
         where = str(rep.location[0]) if getattr(rep, "location", None) else "?"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.bench.run import REPORT_FORMAT, finite_json
+from quarl_edge.bench.run import REPORT_FORMAT, REPORT_VERSION, finite_json
 from quarl_edge.outputs import Kind, json_format, text_starts_with
+from quarl_edge.runtimes import schema
+from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.text import md_cell
@@ -162,14 +163,7 @@ def read_report(path: str | Path) -> dict[str, Any]:
         raise InputError(
             f"report {str(path)!r} does not exist", "write one with `quarl-edge bench --out FILE.json`"
         )
-    try:
-        report = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(
-            f"report {str(path)!r} is not valid JSON ({e})", "re-run `quarl-edge bench`"
-        ) from None
-    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
-        raise InputError(f"{str(path)!r} is not a quarl-edge bench report", "re-run `quarl-edge bench`")
+    report = read_artifact(path, REPORT_FORMAT, REPORT_VERSION, "bench report", "re-run `quarl-edge bench`")
     for key in ("reference", "models", "bundle", "device", "settings"):
         if key not in report:
             raise InputError(f"report {str(path)!r} lacks the field {key!r}", "re-run `quarl-edge bench`")
@@ -183,6 +177,35 @@ def read_report(path: str | Path) -> dict[str, Any]:
                 f"report {str(path)!r}: model {name} lacks the field {missing[0]!r}",
                 "re-run `quarl-edge bench`",
             )
+    for key in ("bundle", "device", "settings"):
+        schema.obj(report[key], f"report {str(path)!r} {key}", "re-run `quarl-edge bench`")
+    if report.get("harness") is not None:
+        schema.obj(report["harness"], f"report {str(path)!r} harness", "re-run `quarl-edge bench`")
+    for m in report["models"]:
+        _check_model(m, f"report {str(path)!r}")
     if report["reference"] not in [m["name"] for m in report["models"]]:
         raise InputError(f"report {str(path)!r}: reference model is missing", "re-run `quarl-edge bench`")
     return report
+
+
+# the numbers the gate and the tables read, per model: (block, field); the block may be null
+_MODEL_NUMBERS = (("drift", "reward_drop_pct"), ("agreement", "value"), ("latency", "p50_us"), ("latency", "p99_us"),
+                  ("reward", "mean"), ("reward", "std"))  # fmt: skip
+
+
+def _check_model(m: dict[str, Any], where: str) -> None:
+    fix = "re-run `quarl-edge bench`"
+    name = schema.text(m["name"], f"{where}: a model name", fix, 256)
+    schema.text(m["precision"], f"{where}: {name} precision", fix, 32)
+    size = m["size_bytes"]
+    if size is not None:
+        schema.number(size, f"{where}: {name} size_bytes", fix)
+    for block, key in _MODEL_NUMBERS:
+        b = m.get(block)
+        if b is None:
+            continue
+        schema.obj(b, f"{where}: {name} {block}", fix)
+        if b.get(key) is not None:
+            schema.number(b[key], f"{where}: {name} {block}.{key}", fix, finite=False)
+    for w in m.get("warnings") or []:
+        schema.text(w, f"{where}: {name} warning", fix)

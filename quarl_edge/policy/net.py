@@ -12,7 +12,7 @@ import io
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from torch import nn
 
 from quarl_edge.policy.format import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.runtimes import schema
+from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
@@ -77,10 +79,31 @@ class NetArch:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NetArch:
-        d = dict(d)
-        d["hidden"] = tuple(int(h) for h in d.get("hidden", ()))
+    def from_dict(cls, d: Any) -> NetArch:
+        """From a checkpoint's ``arch``: each field's type and size checked before a layer is built."""
+        fix = "re-train or re-import the policy"
+        d = dict(schema.obj(d, "checkpoint arch", fix))
+        hidden = d.get("hidden", [])
+        if not isinstance(hidden, list | tuple) or len(hidden) > 64:
+            raise InputError("checkpoint arch hidden is not a list of at most 64 layer sizes", fix)
+        d["hidden"] = tuple(schema.integer(h, "checkpoint arch hidden size", fix, 1, 65_536) for h in hidden)
+        d["out_dim"] = schema.integer(d.get("out_dim"), "checkpoint arch out_dim", fix, 1, 65_536)
+        d["cnn_features"] = schema.integer(
+            d.get("cnn_features", 512), "checkpoint arch cnn_features", fix, 1, 65_536
+        )
+        for k in ("model", "activation", "head"):
+            d[k] = schema.text(d.get(k), f"checkpoint arch {k}", fix, 64)
+        for k in ("scale_uint8", "obs_norm"):
+            if not isinstance(d.get(k, False), bool):
+                raise InputError(f"checkpoint arch {k} is not true/false", fix)
+        for k in ("norm_clip", "norm_eps"):
+            if k in d:
+                d[k] = schema.number(d[k], f"checkpoint arch {k}", fix)
         d["qat"] = QATConfig.from_dict(d["qat"]) if d.get("qat") else None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(f"checkpoint arch has unknown fields {unknown[:3]}", fix)
         return cls(**d)
 
     def graph_steps(self) -> tuple[str, ...]:
@@ -259,24 +282,21 @@ def load_checkpoint(path: str | Path) -> Policy:
             f"{str(path)!r} is not a quarl-edge policy (no policy.json)",
             "pass a folder written by `quarl-edge train` or an SB3 .zip",
         )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    meta = read_artifact(meta_path, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint",
+                         "re-train or re-import the policy", error=IntegrityError, version_key="version")  # fmt: skip
+    weights = schema.obj(meta.get("weights", {}), "checkpoint weights", "re-train or re-import the policy")
+    weights_path = path / schema.text(weights.get("file", "weights.npz"), "checkpoint weights.file",
+                                      "re-train or re-import the policy", 255)  # fmt: skip
+    if not weights_path.resolve().is_relative_to(path.resolve()):
         raise IntegrityError(
-            f"{str(meta_path)!r} is not valid JSON ({e})", "re-train or re-import the policy"
-        ) from None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(
-            f"{str(meta_path)!r} is not a quarl-edge checkpoint", "re-train or re-import the policy"
+            f"checkpoint {str(path)!r} names weights outside its folder ({weights.get('file')!r})",
+            "re-train or re-import the policy",
         )
-    if int(meta.get("version", 0)) > CHECKPOINT_VERSION:
-        raise InputError("checkpoint is newer than this quarl-edge", "upgrade quarl-edge")
-    weights_path = path / str(meta.get("weights", {}).get("file", "weights.npz"))
     if not weights_path.is_file():
         raise IntegrityError(
             f"checkpoint weights {str(weights_path)!r} are missing", "re-train or re-import the policy"
         )
-    expected = meta.get("weights", {}).get("sha256")
+    expected = weights.get("sha256")
     actual = sha256_file(weights_path)
     if expected != actual:
         raise IntegrityError(
@@ -288,10 +308,20 @@ def load_checkpoint(path: str | Path) -> Policy:
         arch = NetArch.from_dict(meta["arch"])
         with np.load(weights_path, allow_pickle=False) as z:
             state = {k: torch.from_numpy(z[k].copy()) for k in z.files}
-    except (KeyError, TypeError, ValueError) as e:
+    except schema.MALFORMED as e:
         raise IntegrityError(
-            f"checkpoint {str(path)!r} is malformed ({e})", "re-train or re-import the policy"
+            f"checkpoint {str(path)!r} is malformed ({type(e).__name__}: {str(e)[:160]})",
+            "re-train or re-import the policy",
         ) from None
-    policy = build_policy(spec, arch, state)
-    policy.extra = dict(meta.get("extra", {}))
+    try:  # the spec's spaces and the arch decide the layers; weights of other shapes do not fit them
+        policy = build_policy(spec, arch, state)
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise IntegrityError(
+            f"checkpoint {str(path)!r}: its weights do not fit its architecture ({first})",
+            "re-train or re-import the policy",
+        ) from None
+    policy.extra = dict(
+        schema.obj(meta.get("extra", {}), "checkpoint extra", "re-train or re-import the policy")
+    )
     return policy

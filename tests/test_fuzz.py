@@ -1,0 +1,337 @@
+"""Property-based fuzzing of every artifact quarl-edge reads (issue 15): manifests, checkpoints, traces,
+bench reports, partial bench files and SB3 zips are mutated (a value anywhere replaced by another type,
+an absurd number, hostile text, deep nesting, or deleted) and fed to the library call the CLI makes.
+
+The contract: the call succeeds or raises a QuarlError (the CLI's exit 2, or 1 for a failed gate) whose
+message is one line; never another exception (the CLI's traceback), and nothing outside the case's own
+folder is written. Cases per artifact: `--fuzz-examples N` (default 200, ~10 s here); the counts print at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quarl_edge.bench.partial import PartialBench
+from quarl_edge.bench.report import read_report
+from quarl_edge.bench.run import BenchConfig, bench, local_transport
+from quarl_edge.gate import GateConfig, evaluate, junit_xml, markdown_summary
+from quarl_edge.policy.net import load_checkpoint
+from quarl_edge.policy.sb3 import load_sb3_zip
+from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.runner import PolicyRunner
+from quarl_edge.runtimes.trace import _ARRAYS, content_hash, load_trace
+
+COUNTS: dict[str, int] = {}
+DEEP, HUGE, BIGINT = "\x00deep\x00", "\x00huge\x00", "\x00bigint\x00"
+RAW = {DEEP: "[" * 100_000 + "]" * 100_000, HUGE: "1e999", BIGINT: "9" * 5000}
+
+hostile_text = st.sampled_from(["", "[red]x[/red]", "[/x]", "\x1b[2J", "a\nb", "../../etc/passwd", "x" * 5000,
+                                "💥", "onnx-fp32", "-1", "nan"])  # fmt: skip
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | hostile_text
+    | st.text(max_size=12)
+    | st.sampled_from([DEEP, HUGE, BIGINT])
+)
+json_values = st.recursive(
+    scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:4]):
+            yield from _paths(v, (*prefix, i))
+
+
+@st.composite
+def mutations(draw: Any, doc: Any) -> Any:
+    """``doc`` with one value somewhere replaced (or deleted); a few nested mutations at times."""
+    out = copy.deepcopy(doc)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(out))))
+        if not path:
+            continue
+        parent = out
+        for k in path[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and draw(st.booleans()) and draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(json_values)
+    return out
+
+
+def dumps(doc: Any) -> str:
+    text = json.dumps(doc)
+    for marker, raw in RAW.items():
+        text = text.replace(json.dumps(marker), raw)
+    return text
+
+
+def fuzz_settings(request: pytest.FixtureRequest) -> Any:
+    n = int(request.config.getoption("--fuzz-examples"))
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))  # fmt: skip
+
+
+def contract(artifact: str, call: Callable[[], Any]) -> None:
+    """The call succeeds or fails as one QuarlError line."""
+    COUNTS[artifact] = COUNTS.get(artifact, 0) + 1
+    try:
+        call()
+    except QuarlError as e:
+        assert e.exit_code in (1, 2), e.exit_code
+        assert "\n" not in str(e) and "\r" not in str(e), repr(str(e))
+        assert 0 < len(str(e)) < 20_000
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def case_dir() -> Iterator[Callable[[], Path]]:
+    """A fresh folder per hypothesis example (pytest's tmp_path is one per test)."""
+    dirs: list[str] = []
+
+    def new() -> Path:
+        dirs.append(tempfile.mkdtemp(prefix="quarl-fuzz-"))
+        return Path(dirs[-1])
+
+    yield new
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- manifests and checkpoints ---------------------------------------------------------------------
+
+
+def test_fuzzed_manifests_load_or_fail_in_one_line(
+    request: pytest.FixtureRequest, cartpole_bundle: Path, case_dir: Callable[[], Path]
+) -> None:
+    doc = json.loads((cartpole_bundle / "manifest.json").read_text())
+    before = _snapshot(cartpole_bundle)
+
+    @fuzz_settings(request)
+    @given(mutations(doc))
+    def run(mutated: Any) -> None:
+        bundle = Path(shutil.copytree(cartpole_bundle, case_dir() / "b"))
+        (bundle / "manifest.json").write_text(dumps(mutated))
+
+        def use() -> None:
+            manifest = load_manifest(bundle)
+            runner = PolicyRunner(bundle, manifest.models[0].name, threads=1)
+            runner.act(np.zeros(manifest.policy.observation_space.shape, np.float32))
+
+        contract("manifest", use)
+
+    run()
+    assert _snapshot(cartpole_bundle) == before
+
+
+def test_fuzzed_checkpoints_load_or_fail_in_one_line(
+    request: pytest.FixtureRequest, cartpole_policy: Path, case_dir: Callable[[], Path]
+) -> None:
+    doc = json.loads((cartpole_policy / "policy.json").read_text())
+
+    @fuzz_settings(request)
+    @given(mutations(doc))
+    def run(mutated: Any) -> None:
+        ckpt = Path(shutil.copytree(cartpole_policy, case_dir() / "p"))
+        (ckpt / "policy.json").write_text(dumps(mutated))
+
+        def use() -> None:
+            policy = load_checkpoint(ckpt)
+            policy.act(np.zeros(policy.spec.observation_space.shape, np.float32))
+
+        contract("checkpoint", use)
+
+    run()
+
+
+# ---- traces ----------------------------------------------------------------------------------------
+
+array_edits = st.sampled_from(["empty", "strings", "objects_as_bytes", "wrong_shape", "scalar", "nan", "huge_dim",
+                               "int_obs", "bool", "complex"])  # fmt: skip
+
+
+def _edit_array(a: np.ndarray, how: str) -> np.ndarray:
+    if how == "empty":
+        return a[:0]
+    if how == "strings":
+        return np.array(["x"] * len(a))
+    if how == "objects_as_bytes":
+        return np.frombuffer(b"\x00" * 16, dtype=np.uint8)
+    if how == "wrong_shape":
+        return a.reshape(len(a), -1)[:, :1] if a.ndim > 1 else np.stack([a, a], axis=1)
+    if how == "scalar":
+        return np.array(7)
+    if how == "nan":
+        return np.full(a.shape, np.nan)
+    if how == "huge_dim":
+        return np.zeros((1, 1, 1, 1, 1, 1, 1, 1), np.float32)
+    if how == "int_obs":
+        return a.astype(np.int64)
+    if how == "bool":
+        return a.astype(bool)
+    return a.astype(np.complex64)
+
+
+def test_fuzzed_traces_replay_or_fail_in_one_line(
+    request: pytest.FixtureRequest, cartpole_bundle: Path, case_dir: Callable[[], Path]
+) -> None:
+    src = cartpole_bundle / "trace.npz"
+    with np.load(src, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in _ARRAYS}
+        meta = json.loads(str(z["meta"][()]))
+
+    @fuzz_settings(request)
+    @given(st.sampled_from(_ARRAYS), array_edits, st.one_of(st.none(), mutations(meta)))
+    def run(name: str, how: str, new_meta: Any) -> None:
+        edited = dict(arrays, **{name: _edit_array(arrays[name], how)})
+        meta_json = json.dumps(meta if new_meta is None else new_meta)
+        path = case_dir() / "t.npz"
+        buf = io.BytesIO()  # re-hashed, so the reader gets past its integrity check to the content
+        np.savez(
+            buf, **edited, meta=np.array(meta_json), content_sha256=np.array(content_hash(edited, meta_json))
+        )
+        path.write_bytes(buf.getvalue())
+        contract(
+            "trace", lambda: PolicyRunner(cartpole_bundle, "onnx-fp32", threads=1).replay(load_trace(path))
+        )
+
+    run()
+
+
+# ---- reports and partial bench files ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def report_doc(cartpole_bundle: Path) -> dict[str, Any]:
+    return bench(cartpole_bundle, BenchConfig(episodes=2, latency_samples=20))
+
+
+def test_fuzzed_reports_gate_or_fail_in_one_line(
+    request: pytest.FixtureRequest, report_doc: dict[str, Any], case_dir: Callable[[], Path]
+) -> None:
+    doc = json.loads(json.dumps(report_doc))
+
+    @fuzz_settings(request)
+    @given(mutations(doc))
+    def run(mutated: Any) -> None:
+        path = case_dir() / "r.json"
+        path.write_text(dumps(mutated))
+
+        def use() -> None:
+            report = read_report(path)
+            checks = evaluate(
+                report, GateConfig(max_reward_drop_pct=2.0, min_agreement=0.5, max_p99_ms=100.0)
+            )
+            junit_xml(report, checks)
+            markdown_summary(report, checks)
+
+        contract("report", use)
+
+    run()
+
+
+@pytest.fixture(scope="module")
+def partial_case(
+    cartpole_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Any]]:
+    """A real partial bench file: the bench stops after the second model's first episode."""
+    path = tmp_path_factory.mktemp("partial") / "r.partial.json"
+    cfg = BenchConfig(episodes=3, latency_samples=20)
+    seen = {"episodes": 0}
+
+    def flaky(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+        for ev in local_transport(bundle, args):
+            yield ev
+            if ev.get("event") == "episode":
+                seen["episodes"] += 1
+                if seen["episodes"] == 4:
+                    raise QuarlError("the link dropped", "run again with --resume")
+
+    with pytest.raises(QuarlError):
+        bench(cartpole_bundle, cfg, transport=flaky, partial=path)
+    doc = json.loads(path.read_text())
+    return path, doc
+
+
+def test_fuzzed_partial_bench_files_resume_or_fail_in_one_line(
+    request: pytest.FixtureRequest, partial_case: tuple[Path, dict[str, Any]], case_dir: Callable[[], Path]
+) -> None:
+    _, doc = partial_case
+    names, seeds = list(doc["models"]), [1000, 1001, 1002]
+
+    @fuzz_settings(request)
+    @given(mutations(doc))
+    def run(mutated: Any) -> None:
+        path = case_dir() / "r.partial.json"
+        path.write_text(dumps(mutated))
+
+        def use() -> None:
+            state = PartialBench.resume(path, doc["key"], names, seeds)
+            state.summary()
+            for n in names:
+                state.seeds_left(n)
+                if state.models[n].measured is not None:
+                    state.finish(n, None)
+
+        contract("partial bench file", use)
+
+    run()
+
+
+# ---- SB3 zips ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sb3_zip_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stable_baselines3 import PPO
+
+    path = tmp_path_factory.mktemp("sb3") / "ppo-CartPole-v1.zip"
+    PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, policy_kwargs={"net_arch": [8]}).save(path)
+    return path
+
+
+def test_fuzzed_sb3_zips_load_or_fail_in_one_line(
+    request: pytest.FixtureRequest, sb3_zip_path: Path, case_dir: Callable[[], Path]
+) -> None:
+    with zipfile.ZipFile(sb3_zip_path) as z:
+        members = {i.filename: z.read(i.filename) for i in z.infolist()}
+    doc = json.loads(members["data"])
+
+    @fuzz_settings(request)
+    @given(mutations(doc))
+    def run(mutated: Any) -> None:
+        path = case_dir() / "ppo-CartPole-v1.zip"
+        with zipfile.ZipFile(path, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, dumps(mutated) if name == "data" else data)
+        contract("SB3 zip", lambda: load_sb3_zip(path))
+
+    run()
