@@ -155,7 +155,9 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
 
 
 def pytest_addoption(parser: Any) -> None:
-    parser.addoption("--fuzz-examples", default=200, type=int, help="cases per artifact in tests/test_fuzz.py")
+    parser.addoption(
+        "--fuzz-examples", default=200, type=int, help="cases per artifact in tests/test_fuzz.py"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
