@@ -17,7 +17,7 @@ from quarl_edge.outputs import TRACE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.trace import Trace, make_trace, save_trace
+from quarl_edge.runtimes.trace import Trace, check_fits, make_trace, save_trace
 
 
 @dataclass(frozen=True)
@@ -127,17 +127,4 @@ def record_to_file(
 
 def check_trace_fits(trace: Trace, policy: Policy, path: str | Path) -> None:
     """Refuse calibration data recorded on another environment or observation shape."""
-    want = tuple(policy.spec.observation_space.shape)
-    got = tuple(trace.obs.shape[1:])
-    env_id = trace.meta.get("env_id")
-    if got != want:
-        raise InputError(
-            f"calibration file {str(path)!r} has observations of shape {list(got)} "
-            f"(env {env_id}), the policy expects {list(want)} ({policy.spec.env.id})",
-            f"record calibration data for this policy with `quarl-edge record --policy ... --out {Path(path).name}`",
-        )
-    if env_id and env_id != policy.spec.env.id:
-        raise InputError(
-            f"calibration file {str(path)!r} was recorded on {env_id}, the policy runs on {policy.spec.env.id}",
-            "record calibration data on the policy's own environment with `quarl-edge record`",
-        )
+    check_fits(trace, policy.spec, path)

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=50)
     r.add_argument("--max-steps", type=int, default=None)
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
+    r.add_argument(
+        "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
+    )
     sub.add_parser("info", help="device facts as JSON")
     args = p.parse_args(argv)
     try:
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.max_steps,
             replay=not args.no_replay,
             progress=lambda ev: _emit(_finite(ev)),
+            oversubscribe=args.oversubscribe,
         )
         _emit({"event": "result", "result": _finite(result.to_dict())})
         return 0

@@ -6,6 +6,7 @@ Device side: imports numpy, the model's runtime and gymnasium only (never torch 
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
@@ -20,7 +21,7 @@ from .adapters import ModelSession, check_input, open_model
 from .envs import make_env
 from .errors import InputError
 from .manifest import Manifest, ModelEntry, load_manifest, model_path
-from .trace import Trace, load_trace
+from .trace import Trace, check_fits, load_trace
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -238,6 +239,7 @@ def run_model(
     max_steps: int | None = None,
     replay: bool = True,
     progress: Progress | None = None,
+    oversubscribe: bool = False,
 ) -> ModelRun:
     """Measure one model: load, first inference, latency, trace replay, then episodes on ``seeds``.
 
@@ -245,10 +247,19 @@ def run_model(
     the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
     ``replay=False``.
     """
+    if any(s < 0 for s in seeds):
+        raise InputError(f"episode seeds must be >= 0 (got {min(seeds)})", "e.g. --seed 1000")
+    cores = os.cpu_count() or 1
+    if threads > cores and not oversubscribe:  # more threads than cores only measures contention
+        raise InputError(
+            f"--threads {threads} is more than the {cores} cores of this device",
+            f"use --threads {cores} or fewer, or pass --oversubscribe to measure it anyway",
+        )
     runner = PolicyRunner(bundle, model, threads)
     trace = None
     if trace_path is not None:
         trace = load_trace(trace_path)
+        check_fits(trace, runner.spec, trace_path)
     elif runner.manifest.trace:
         trace = load_trace(Path(bundle) / runner.manifest.trace["file"])
     obs_for_timing = trace.obs if trace is not None else sample_observations(runner)

@@ -138,6 +138,24 @@ def check_arrays(arrays: dict[str, np.ndarray], where: str) -> None:
         )
 
 
+def check_fits(trace: Trace, spec: Any, where: str | Path) -> None:
+    """Refuse a trace recorded on another environment or observation shape than the policy ``spec``'s
+    (a PolicySpec), before any model sees one of its observations."""
+    want, got = tuple(spec.observation_space.shape), tuple(trace.obs.shape[1:])
+    env_id = trace.meta.get("env_id")
+    if got != want:
+        raise InputError(
+            f"trace {str(where)!r} has observations of shape {list(got)} (env {env_id}), "
+            f"the policy expects {list(want)} ({spec.env.id})",
+            f"record one for this policy with `quarl-edge record --policy ... --out {Path(where).name}`",
+        )
+    if env_id and env_id != spec.env.id:
+        raise InputError(
+            f"trace {str(where)!r} was recorded on {env_id}, the policy runs on {spec.env.id}",
+            "record one on the policy's own environment with `quarl-edge record`",
+        )
+
+
 def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():

@@ -57,3 +57,43 @@ def test_env_imports_of_an_environment_package_are_imported() -> None:
     pytest.importorskip("ale_py")
     env = make_env(EnvConfig(id="ALE/Pong-v5", imports=("ale_py",), make_kwargs={"frameskip": 1}))
     env.close()
+
+
+# ---- the runner's errors name the real cause (issue 15) --------------------------------------------
+
+
+def test_bench_with_a_trace_of_another_env_names_the_env_before_any_runner(
+    cartpole_bundle: Path, pendulum_calib: Path
+) -> None:
+    from quarl_edge.bench.run import BenchConfig, bench
+
+    with pytest.raises(InputError) as e:  # was "the runner crashed: ... report a bug"
+        bench(cartpole_bundle, BenchConfig(episodes=1, latency_samples=5, trace=pendulum_calib))
+    assert (
+        "shape [3]" in str(e.value) and "CartPole-v1" in str(e.value) and "report a bug" not in str(e.value)
+    )
+
+
+def test_a_negative_seed_is_refused_as_such() -> None:
+    from quarl_edge.bench.run import BenchConfig
+
+    with pytest.raises(InputError, match="--seed must be >= 0"):  # was "the runner returned no result"
+        BenchConfig(seed=-5)
+
+
+def test_threads_beyond_the_devices_cores_are_refused_unless_asked_for(cartpole_bundle: Path) -> None:
+    import os
+
+    from quarl_edge.runtimes.runner import run_model
+
+    too_many = (os.cpu_count() or 1) + 1
+    with pytest.raises(InputError, match="cores of this device"):
+        run_model(cartpole_bundle, "onnx-fp32", seeds=[], threads=too_many, latency_samples=5)
+    run = run_model(
+        cartpole_bundle, "onnx-fp32", seeds=[], threads=too_many, latency_samples=5, oversubscribe=True
+    )
+    assert run.threads == too_many
+    with pytest.raises(InputError, match="not a thread count"):
+        from quarl_edge.bench.run import BenchConfig
+
+        BenchConfig(threads=100_000)

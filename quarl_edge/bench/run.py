@@ -31,6 +31,7 @@ from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import mean_ci95, mean_std
 
 REPORT_FORMAT = "quarl-edge/report"
@@ -54,12 +55,21 @@ class BenchConfig:
     """bench only these models (the fp32 reference is always added)"""
     trace: Path | None = None
     """replay trace for action agreement; default: the bundle's own trace.npz"""
+    oversubscribe: bool = False
+    """let --threads exceed the device's cores (the runner refuses that otherwise)"""
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
             raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
         if self.threads < 1:
             raise InputError(f"--threads must be >= 1 (got {self.threads})", "e.g. --threads 1")
+        if self.threads > 1024:
+            raise InputError(
+                f"--threads {self.threads} is not a thread count of any board", "e.g. --threads 4"
+            )
+        if self.seed < 0:
+            raise InputError(f"--seed must be >= 0 (got {self.seed}): environments take non-negative seeds",
+                             "e.g. --seed 1000")  # fmt: skip
         if self.latency_samples < 0:
             raise InputError("--latency-samples must be >= 0", "e.g. --latency-samples 1000")
 
@@ -94,6 +104,8 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
         args += ["--max-steps", str(cfg.max_steps)]
     if cfg.trace:
         args += ["--trace", str(cfg.trace)]
+    if cfg.oversubscribe:
+        args.append("--oversubscribe")
     return args
 
 
@@ -207,6 +219,8 @@ def bench(
     """
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
+    if cfg.trace is not None:  # before any runner starts: a trace of another env is the user's mistake
+        check_fits(load_trace(cfg.trace), manifest.policy, cfg.trace)
     ref = manifest.reference()
     if ref is None:
         raise InputError("the bundle has no fp32 model to compare against", "export with --to onnx-fp32,...")

@@ -162,6 +162,7 @@ def bench(
     episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
     threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
+    oversubscribe: Annotated[bool, typer.Option("--oversubscribe", help="allow --threads above the device's cores")] = False,
     latency_samples: Annotated[int, typer.Option("--latency-samples")] = 1000,
     max_steps: MaxStepsOpt = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
@@ -180,7 +181,7 @@ def bench(
     from quarl_edge.bench.run import BenchConfig
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
-                      max_steps=max_steps, models=name_list(models), trace=trace)  # fmt: skip
+                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe)  # fmt: skip
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
 
         def on_event(ev: dict[str, Any]) -> None:
