@@ -1,7 +1,10 @@
 """torch -> ONNX: fp32 (torch.onnx dynamo exporter), fp16 (float32 I/O kept), int8 (ORT static QDQ).
 
-int8 is onnxruntime.quantization static quantization in QDQ format with int8 activations and weights
-(S8S8), the fast format on x86 with VNNI and on ARM; QOperator with int8 activations was 8x slower here.
+int8 is onnxruntime.quantization static quantization in QDQ format with int8 weights and, by default,
+int8 activations (S8S8), the fast format on x86 with VNNI and on ARM; QOperator with int8 activations
+was 8x slower here. ExportConfig.activation_type="U8S8" gives uint8 activations (QuantType.QUInt8),
+which ORT's own guidance prefers on x86 without VNNI. ExportConfig.float_layers names the layers kept
+in float (module paths, mapped to the graph's Conv/Gemm/MatMul nodes by _layer_nodes).
 """
 
 from __future__ import annotations
@@ -18,11 +21,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from quarl_edge.exporters.base import ExportContext, ExportedModel, register
+from quarl_edge.exporters.base import (
+    ExportContext,
+    ExportedModel,
+    compute_layers,
+    quantized_layers,
+    register,
+)
+from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
 
 INPUT_NAME = "obs"
 OUTPUT_NAME = "action"
+LAYER_OPS = ("Conv", "Gemm", "MatMul")
+ACTIVATION_NAMES = {"S8S8": "int8", "U8S8": "uint8"}
 
 
 def _io(model_path: Path) -> dict[str, Any]:
@@ -175,8 +187,9 @@ def _qdq_params(path: Path) -> dict[str, Any]:
     }
 
 
-def _quantize_qdq(pre: Path, path: Path, reader: Any, **kwargs: Any) -> None:
-    """ORT static quantization to QDQ with int8 activations; the other settings come from the caller."""
+def _quantize_qdq(pre: Path, path: Path, reader: Any, activation_type: str, **kwargs: Any) -> None:
+    """ORT static quantization to QDQ with int8 (S8S8) or uint8 (U8S8) activations; the other settings
+    come from the caller."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer logs advice to the root logger
@@ -187,21 +200,19 @@ def _quantize_qdq(pre: Path, path: Path, reader: Any, **kwargs: Any) -> None:
             str(path),
             reader,
             quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
+            activation_type={"S8S8": QuantType.QInt8, "U8S8": QuantType.QUInt8}[activation_type],
             **kwargs,
         )
 
 
-def _float_io_nodes(path: Path, float_first_layer: bool = False) -> list[str]:
-    """Names of the nodes kept in float: the output layer (last MatMul/Gemm) and everything after it
-    (tanh/unscale, clip, argmax), and with ``float_first_layer`` the first layer.
+def _layer_nodes(path: Path, policy: Policy) -> tuple[dict[str, str], list[str]]:
+    """Each compute layer's node (module path -> node name) and the nodes after the output layer
+    (tanh/unscale, clip, argmax), which every integer export keeps in float.
 
-    Why: a raw vector observation is quantized per tensor, so its small-range dimensions lose their
-    resolution (Pendulum: cos/sin in [-1, 1] share one int8 scale with a velocity in [-8, 8]); for the
-    shipped Pendulum SAC that alone made the int8 actions differ from fp32 by 26% of the action range
-    on the recorded trace, 1.7% with the first and last layers in float. Image inputs (uint8/255) are
-    exactly representable in int8, so a CNN's first convolution stays int8. These layers are a small
-    share of the compute. Unnamed nodes get names so they can be excluded.
+    The exporter emits one Conv/Gemm/MatMul per Linear/Conv2d, in the order compute_layers lists them
+    (checked here, and against each node's recorded module scope where the exporter wrote one): a graph
+    that does not match is refused rather than quantized by the wrong names. Unnamed nodes get names,
+    saved back to ``path``, so they can be excluded.
     """
     import onnx
 
@@ -210,20 +221,76 @@ def _float_io_nodes(path: Path, float_first_layer: bool = False) -> list[str]:
     for i, n in enumerate(nodes):
         if not n.name:
             n.name = f"{n.op_type}_{i}"
-    last = max((i for i, n in enumerate(nodes) if n.op_type in ("MatMul", "Gemm")), default=None)
-    head: list[str] = []
-    first = min((i for i, n in enumerate(nodes) if n.op_type in ("MatMul", "Gemm", "Conv")), default=None)
-    if float_first_layer and first is not None and first != last:
-        head.append(nodes[first].name)
-    if last is not None:
-        head.append(nodes[last].name)
-        live = set(nodes[last].output)
-        for n in nodes[last + 1 :]:
-            if live.intersection(n.input):
-                head.append(n.name)
-                live.update(n.output)
     onnx.save(model, str(path))
-    return head
+    names = compute_layers(policy)
+    at = [i for i, n in enumerate(nodes) if n.op_type in LAYER_OPS]
+    if len(at) != len(names):
+        raise InputError(
+            f"the ONNX graph has {len(at)} compute nodes ({', '.join(nodes[i].op_type for i in at)}), "
+            f"the policy {len(names)} layers ({', '.join(names)})",
+            "the layers cannot be matched to the graph: export without float_layers or to tflite-int8",
+        )
+    for i, name in zip(at, names, strict=True):
+        scopes = next(
+            (m.value for m in nodes[i].metadata_props if m.key == "pkg.torch.onnx.name_scopes"), None
+        )
+        if scopes is not None and name not in _onnx_scopes(scopes):
+            raise InputError(
+                f"ONNX node {nodes[i].name!r} runs in {scopes}, not in layer {name!r}",
+                "the layers cannot be matched to the graph: export without float_layers or to tflite-int8",
+            )
+    after: list[str] = []
+    if at:
+        live = set(nodes[at[-1]].output)
+        for n in nodes[at[-1] + 1 :]:
+            if live.intersection(n.input):
+                after.append(n.name)
+                live.update(n.output)
+    return {name: nodes[i].name for i, name in zip(at, names, strict=True)}, after
+
+
+def _onnx_scopes(value: str) -> list[str]:
+    """The module paths a node ran in, from torch.onnx's name_scopes metadata: "['', 'mlp', ...]"."""
+    import ast
+
+    try:
+        scopes = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return [value]
+    return [str(x) for x in scopes] if isinstance(scopes, list) else [value]
+
+
+def _layer_split(path: Path, layer_nodes: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(quantized layers, float layers) by module path as the quantized file has them: a layer is
+    quantized when its weights come from a DequantizeLinear of an integer initializer."""
+    import onnx
+
+    model = onnx.load(str(path))
+    ints = {
+        i.name
+        for i in model.graph.initializer
+        if i.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4)
+    }
+    producer = {out: n for n in model.graph.node for out in n.output}
+    by_name = {n.name: n for n in model.graph.node}
+    quantized: list[str] = []
+    floating: list[str] = []
+    for layer, node_name in layer_nodes.items():
+        node = by_name.get(node_name)
+        dq = producer.get(node.input[1]) if node is not None and len(node.input) > 1 else None
+        is_int = dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in ints
+        (quantized if is_int else floating).append(layer)
+    return quantized, floating
+
+
+def _excluded(layer_nodes: dict[str, str], float_layers: list[str], after_last: list[str]) -> list[str]:
+    return [layer_nodes[n] for n in float_layers] + after_last
+
+
+def _scheme(activation_type: str) -> str:
+    if activation_type == "U8S8":
+        return "static QDQ, uint8 activations, int8 weights (U8S8)"
+    return "static QDQ, int8 activations and weights (S8S8)"
 
 
 def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel:
@@ -238,32 +305,36 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     plain, ranges = ctx.quantizable, ctx.learned_ranges
+    cfg = ctx.config
+    # default: every layer int8, as trained (the outputs stay float: OpTypesToExcludeOutputQuantization)
+    _, float_layers = quantized_layers(plain, False, () if cfg.float_layers is None else cfg.float_layers)
     fp32 = export_fp32(replace(ctx, policy=plain), ctx.workdir / "qat-src.fp32.onnx")
     pre = ctx.workdir / "qat-src.pre.onnx"
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
     except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
         shutil.copyfile(fp32, pre)
-    layer_ops = ("Conv", "Gemm", "MatMul")
-    _float_io_nodes(pre)  # names every node
-    model = onnx.load(str(pre))
-    layers = [n for n in model.graph.node if n.op_type in layer_ops]
-    if len(layers) != len(ranges):
+    # tanh/unscale/argmax after the output layer stay float
+    layer_nodes, after_last = _layer_nodes(pre, plain)
+    if len(layer_nodes) != len(ranges):
         raise InputError(
-            f"the exported graph has {len(layers)} layers, the QAT policy {len(ranges)}",
+            f"the exported graph has {len(layer_nodes)} layers, the QAT policy {len(ranges)}",
             "re-export with --calibration to calibrate instead of using the learned ranges",
         )
+    model = onnx.load(str(pre))
+    by_name = {n.name: n for n in model.graph.node}
+    unsigned = cfg.activation_type == "U8S8"
     overrides: dict[str, Any] = {}
-    for node, rng in zip(layers, ranges, strict=True):
-        if rng is None:
+    for (layer, node_name), rng in zip(layer_nodes.items(), ranges, strict=True):
+        if rng is None or layer in float_layers:
             continue
         lo, hi = rng
         scale = max(hi - lo, 1e-8) / 255.0
+        # the same grid either way: the uint8 zero point is the int8 one shifted by 128
         zero = int(np.clip(round(-lo / scale) - 128, -128, 127))
-        overrides[node.input[0]] = [
-            {"scale": np.array(scale, np.float32), "zero_point": np.array(zero, np.int8)}
-        ]
-    after_last = _float_io_nodes(pre)[1:]  # tanh/unscale/argmax after the output layer stay float
+        zp = np.array(zero + 128, np.uint8) if unsigned else np.array(zero, np.int8)
+        overrides[by_name[node_name].input[0]] = [{"scale": np.array(scale, np.float32), "zero_point": zp}]
+    excluded = _excluded(layer_nodes, float_layers, after_last)
     obs_space = ctx.policy.spec.observation_space
     dummy = np.zeros((4, *obs_space.shape), dtype=input_dtype(obs_space))
     per_channel = ctx.policy.arch.model == "nature_cnn"
@@ -271,22 +342,27 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         pre,
         path,
         _Reader(dummy, dummy.dtype),
+        cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
-        op_types_to_quantize=list(layer_ops),
-        nodes_to_exclude=after_last,
+        op_types_to_quantize=list(LAYER_OPS),
+        nodes_to_exclude=excluded,
         extra_options={
             "TensorQuantOverrides": overrides,
-            "OpTypesToExcludeOutputQuantization": list(layer_ops),
+            "OpTypesToExcludeOutputQuantization": list(LAYER_OPS),
         },
     )
+    int8_layers, float_layers = _layer_split(path, layer_nodes)
     quant = {
-        "scheme": "static QDQ, int8 activations and weights (S8S8)",
+        "scheme": _scheme(cfg.activation_type),
         "ranges": "learned in quantization-aware training (no calibration)",
         "qat": ctx.qat.to_dict() if ctx.qat else {},
         "per_channel": per_channel,
         "calibration_samples": 0,
-        "float_nodes": after_last,
+        "activation_type": cfg.activation_type,
+        "float_layers": float_layers,
+        "int8_layers": int8_layers,
+        "float_nodes": excluded,
         **_qdq_params(path),
     }
     import onnxruntime
@@ -310,20 +386,22 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         return _export_int8_learned_ranges(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
     ctx = replace(ctx, policy=ctx.quantizable)
+    cfg = ctx.config
+    _, float_layers = quantized_layers(ctx.policy, cfg.float_io_layers, cfg.float_layers)
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
-    cfg = ctx.config
     fp32 = export_fp32(ctx, ctx.workdir / "int8-src.fp32.onnx")
     pre = ctx.workdir / "int8-src.pre.onnx"
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
     except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
         shutil.copyfile(fp32, pre)
-    head_nodes = (
-        _float_io_nodes(pre, float_first_layer=not ctx.policy.spec.observation_space.is_image)
-        if cfg.float_io_layers
-        else []
-    )
+    layer_nodes, after_last = _layer_nodes(pre, ctx.policy)
+    # --full-int8 as before (float_io_layers=False, no float_layers) quantizes the action head's ops
+    # too; any other choice keeps them float
+    if cfg.float_layers is None and not cfg.float_io_layers:
+        after_last = []
+    excluded = _excluded(layer_nodes, float_layers, after_last)
     per_channel = cfg.per_channel if cfg.per_channel is not None else ctx.policy.arch.model == "nature_cnn"
     method = {
         "minmax": CalibrationMethod.MinMax,
@@ -338,20 +416,25 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         pre,
         path,
         _Reader(ctx.calibration, dtype),
+        cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
         calibrate_method=method,
         extra_options=extra,
-        nodes_to_exclude=head_nodes,
+        nodes_to_exclude=excluded,
     )
     params = _qdq_params(path)
+    int8_layers, float_layers = _layer_split(path, layer_nodes)
     quant = {
-        "scheme": "static QDQ, int8 activations and weights (S8S8)",
+        "scheme": _scheme(cfg.activation_type),
         "calibration_method": cfg.calibration_method,
         "percentile": cfg.percentile if cfg.calibration_method == "percentile" else None,
         "per_channel": per_channel,
         "calibration_samples": int(len(ctx.calibration)),
-        "float_nodes": head_nodes,
+        "activation_type": cfg.activation_type,
+        "float_layers": float_layers,
+        "int8_layers": int8_layers,
+        "float_nodes": excluded,
         **params,
     }
     import onnxruntime
@@ -372,6 +455,11 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     ctx = replace(ctx, policy=ctx.quantizable)
+    cfg = ctx.config
+    # default: every layer int4 (float_io_layers is an int8 choice)
+    _, float_layers = quantized_layers(
+        ctx.policy, False, () if cfg.float_layers is None else cfg.float_layers
+    )
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int4 export needs calibration observations", "pass --calibration FILE.npz")
     fp32 = export_fp32(ctx, ctx.workdir / "int4-src.fp32.onnx")
@@ -380,26 +468,33 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
     except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
         shutil.copyfile(fp32, pre)
-    after_last = _float_io_nodes(pre)[1:]  # argmax / tanh / unscale after the output layer stay float
+    layer_nodes, after_last = _layer_nodes(pre, ctx.policy)  # argmax / tanh / unscale stay float
+    excluded = _excluded(layer_nodes, float_layers, after_last)
     per_channel = ctx.policy.arch.model == "nature_cnn"
     dtype = input_dtype(ctx.policy.spec.observation_space)
     _quantize_qdq(
         pre,
         path,
         _Reader(ctx.calibration, dtype),
+        cfg.activation_type,
         weight_type=QuantType.QInt4,
         per_channel=per_channel,
-        op_types_to_quantize=["Conv", "Gemm", "MatMul"],
-        nodes_to_exclude=after_last,
+        op_types_to_quantize=list(LAYER_OPS),
+        nodes_to_exclude=excluded,
         extra_options={"WeightSymmetric": True},
     )
     params = _qdq_params(path)
+    int4_layers, float_layers = _layer_split(path, layer_nodes)
+    acts = ACTIVATION_NAMES[cfg.activation_type]
     quant = {
-        "scheme": "static QDQ, int4 weights (symmetric), int8 activations (minmax calibrated)",
+        "scheme": f"static QDQ, int4 weights (symmetric), {acts} activations (minmax calibrated)",
         "weight_bits": 4,
         "per_channel": per_channel,
         "calibration_samples": int(len(ctx.calibration)),
-        "float_nodes": after_last,
+        "activation_type": cfg.activation_type,
+        "float_layers": float_layers,
+        "int4_layers": int4_layers,
+        "float_nodes": excluded,
         "int4_weight_tensors": _int4_weights(path),
         **params,
     }

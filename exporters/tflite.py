@@ -33,10 +33,13 @@ import torch
 from torch import nn
 
 from quarl_edge.exporters.base import (
+    ExportConfig,
     ExportContext,
     ExportedModel,
     Requirement,
+    compute_layers,
     missing_dependency,
+    quantized_layers,
     register,
 )
 from quarl_edge.policy.net import Policy
@@ -173,11 +176,6 @@ def _layer_name(tensor_name: str) -> str:
     return ".".join(attrs) if attrs and len(attrs) == len(parts) else tensor_name
 
 
-def compute_layers(policy: Policy) -> list[str]:
-    """Module paths of the Linear / Conv2d layers, in the order the converted graph runs them."""
-    return [n for n, m in policy.net.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-
-
 def _qparams(d: dict[str, Any]) -> dict[str, Any] | None:
     q = d.get("quantization_parameters") or {}
     scales = np.asarray(q.get("scales", []))
@@ -283,20 +281,14 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
 # ---- int8 ------------------------------------------------------------------------------------------
 
 
-def quantized_layers(policy: Policy, float_io_layers: bool) -> tuple[list[str], list[str]]:
-    """(int8 layers, float layers) by module path.
-
-    With ``float_io_layers`` the output layer stays in float, and for vector observations the first
-    layer too, for the reason given in exporters/onnx.py ``_float_io_nodes`` (one int8 scale for a raw
-    vector observation loses its small-range dimensions). A vector policy then keeps float32 input.
-    """
-    layers = compute_layers(policy)
-    keep: list[str] = []
-    if float_io_layers and layers:
-        keep.append(layers[-1])
-        if not policy.spec.observation_space.is_image and len(layers) > 1:
-            keep.insert(0, layers[0])
-    return [n for n in layers if n not in keep], keep
+def _activation_type(cfg: ExportConfig) -> dict[str, str]:
+    """The manifest's record: LiteRT's integer kernels take int8 activations whatever the config asks;
+    activation_type (U8S8) is an ONNX Runtime option, so it is ignored here rather than refused, and one
+    config can export a bundle with both formats."""
+    out = {"activation_type": "S8S8"}
+    if cfg.activation_type != "S8S8":
+        out["activation_type_requested"] = f"{cfg.activation_type}: not applicable to TFLite (ONNX only)"
+    return out
 
 
 def _observer(method: str, percentile: float) -> Any:
@@ -466,17 +458,25 @@ def _learned_ranges(
 def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel:
     """An 8-bit QAT policy: int8 weights from its n-bit grid, activation ranges learned in training.
 
-    The output layer stays float: its output was never quantized in training, so no range was learned.
+    The output layer stays float: its output was never quantized in training, so no range was learned
+    (an explicit ``float_layers`` may keep more layers float, not that one int8).
     """
+    plain, learned = ctx.quantizable, ctx.learned_ranges
+    names = compute_layers(plain)
+    requested = ctx.config.float_layers
+    int8_layers, float_layers = quantized_layers(plain, False, names[-1:] if requested is None else requested)
+    if names[-1] not in float_layers:
+        raise InputError(
+            f"the output layer {names[-1]!r} must stay float in a TFLite export with QAT learned ranges "
+            "(TFLite quantizes a layer's output, and training learned no range for it)",
+            f"add {names[-1]!r} to float_layers, or export to onnx-int8",
+        )
     _litert_torch("tflite-int8")
     from litert_torch.quantize.quant_config import QuantConfig
 
     qat = ctx.qat.to_dict() if ctx.qat else {}
-    plain, learned = ctx.quantizable, ctx.learned_ranges
     ctx = replace(ctx, policy=plain)
-    names = compute_layers(plain)
     ranges = dict(zip(names, learned, strict=True))
-    float_layers = names[-1:]
     # QAT's own weight grid: per-tensor for dense layers, per-channel for convolutions; any other
     # granularity would round the trained weights a second time
     per_channel = plain.arch.model == "nature_cnn"
@@ -504,8 +504,9 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         "qat": qat,
         "per_channel": per_channel,
         "calibration_samples": 0,
-        "requested_int8_layers": names[:-1],
+        "requested_int8_layers": int8_layers,
         "float_nodes": float_layers,
+        **_activation_type(ctx.config),
         **params,
     }
     return ExportedModel(
@@ -519,14 +520,14 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         return _export_int8_learned_ranges(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
     ctx = replace(ctx, policy=ctx.quantizable)
+    cfg = ctx.config
+    int8_layers, float_layers = quantized_layers(ctx.policy, cfg.float_io_layers, cfg.float_layers)
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration FILE.npz")
     _litert_torch("tflite-int8")  # the install command if missing; progress output off
     from litert_torch.quantize.quant_config import QuantConfig
 
-    cfg = ctx.config
     per_channel = True if cfg.per_channel is None else cfg.per_channel
-    int8_layers, float_layers = quantized_layers(ctx.policy, cfg.float_io_layers)
     quantizer = _quantizer(ctx, float_layers, per_channel)
     try:
         module = _calibrated(ctx, quantizer)
@@ -550,6 +551,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         "calibration_samples": int(len(ctx.calibration)),
         "requested_int8_layers": int8_layers,
         "float_nodes": float_layers,
+        **_activation_type(cfg),
         **params,
     }
     return ExportedModel(
