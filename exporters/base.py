@@ -191,3 +191,17 @@ def missing_dependency(name: str, module: str, requirement: Requirement) -> Miss
         f"export target {name!r} needs the {requirement.extra} extra ({module!r} is not installed)",
         f"install it with: {requirement.install_command()}",
     )
+
+
+def reraise_interrupt(e: BaseException) -> None:
+    """Converters catch and wrap what they call; a Ctrl-C inside them must stay a Ctrl-C (exit 130),
+    not read as "the policy uses an op ... cannot export"."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt) or "KeyboardInterrupt" in type(cur).__name__:
+            raise KeyboardInterrupt from None
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    if "KeyboardInterrupt" in str(e):
+        raise KeyboardInterrupt from None

@@ -27,6 +27,7 @@ from quarl_edge.exporters.base import (
     compute_layers,
     quantized_layers,
     register,
+    reraise_interrupt,
 )
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
@@ -91,6 +92,7 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
                 optimize=True,
             )
         except Exception as e:  # the exporter raises many types; name the failing part for the user
+            reraise_interrupt(e)
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             raise InputError(
                 f"ONNX export failed: {first}", "the policy uses an op torch.onnx cannot export"

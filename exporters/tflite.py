@@ -41,6 +41,7 @@ from quarl_edge.exporters.base import (
     missing_dependency,
     quantized_layers,
     register,
+    reraise_interrupt,
 )
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
@@ -155,6 +156,7 @@ def _convert(
             model = litert_torch.convert(module or policy.net, (example,), quant_config=quant_config)
             model.export(str(path))
     except Exception as e:  # the converter raises many types; name the layer the user can act on
+        reraise_interrupt(e)
         text = str(e).strip()
         first = text.splitlines()[0][:200] if text else type(e).__name__
         layer = _failing_layer(policy.net, example, text)
@@ -486,6 +488,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     except InputError:
         raise
     except Exception as e:
+        reraise_interrupt(e)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise InputError(
             f"TFLite int8 with learned ranges failed: {first}", "re-export with --calibration FILE.npz"
@@ -532,6 +535,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     try:
         module = _calibrated(ctx, quantizer)
     except Exception as e:  # torch.export / PT2E preparation: same one-line report as the converter
+        reraise_interrupt(e)
         layer = _failing_layer(ctx.policy.net, _example(ctx.policy), str(e))
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise InputError(

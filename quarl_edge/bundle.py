@@ -22,7 +22,7 @@ from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, Interrupted
 from quarl_edge.runtimes.fsutil import (
     atomic_directory,
     atomic_write_json,
@@ -69,6 +69,15 @@ def export_bundle(
 ) -> Manifest:
     """Export ``policy`` into the bundle folder ``req.out`` (replaced as a whole, atomically, when it is
     a bundle already; anything else there is refused first: quarl_edge.outputs)."""
+    try:
+        return _export_bundle(policy, req, log)
+    except KeyboardInterrupt:  # the bundle is written atomically: nothing half-written is left
+        raise Interrupted(
+            f"interrupted; {str(req.out)!r} was left as it was", "run the export again"
+        ) from None
+
+
+def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Manifest:
     targets = resolve_targets(list(req.targets))  # cheap validation before any expensive step
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp

@@ -31,3 +31,9 @@ class IntegrityError(QuarlError):
 
 class MissingDependencyError(QuarlError):
     """An optional part is not installed; the message carries the exact install command."""
+
+
+class Interrupted(QuarlError):
+    """Ctrl-C: exit 130, with what was kept and how to go on."""
+
+    exit_code = 130

@@ -97,3 +97,61 @@ def test_threads_beyond_the_devices_cores_are_refused_unless_asked_for(cartpole_
         from quarl_edge.bench.run import BenchConfig
 
         BenchConfig(threads=100_000)
+
+
+def test_ctrl_c_during_a_bench_is_exit_130_and_says_what_was_kept(
+    cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r.json"
+    partial = tmp_path / "r.partial.json"
+    exe = Path(sys.executable).parent / "quarl-edge"
+    proc = subprocess.Popen([str(exe), "bench", "--bundle", str(cartpole_bundle), "--episodes", "200",
+                             "--latency-samples", "20", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120  # a deadline for the bench to keep its first episode, not a timing
+    while not (partial.is_file() and '"seed"' in partial.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err
+    assert (
+        lines[-1].startswith("error: interrupted; finished episodes are kept in") and "--resume" in lines[-1]
+    )
+    assert "Traceback" not in err and partial.is_file() and not out.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_an_export_is_exit_130_and_leaves_nothing(
+    zoo_pong: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Was: 'the policy uses an op torch.onnx cannot export' (exit 2) when the converter wrapped the Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    policy, frames = zoo_pong
+    out = tmp_path / "b"
+    exe = Path(sys.executable).parent / "quarl-edge"
+    proc = subprocess.Popen([str(exe), "export", "--policy", str(policy), "--calibration", str(frames),
+                             "--to", "onnx-fp32,onnx-int8,tflite-fp32,tflite-int8", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(6)  # into the conversions (the whole export takes ~20 s here)
+    assert proc.poll() is None, proc.communicate()
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err
+    assert (
+        lines[-1].startswith("error: interrupted") and "cannot export" not in err and "Traceback" not in err
+    )
+    assert not out.exists() and not list(tmp_path.glob(".b.*"))

@@ -15,7 +15,7 @@ from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
 from quarl_edge.bench.run import BenchConfig, Event, Transport, bench, local_transport
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
 from quarl_edge.outputs import Kind, claim, json_format
-from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.runtimes.errors import InputError, Interrupted, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
 
 PARTIAL = Kind("partial bench file", False, lambda p: json_format(p) == PARTIAL_FORMAT)
@@ -97,6 +97,11 @@ def bench_on_device(
     try:
         report = bench(bundle, cfg, device=device_info, transport=transport, progress=progress,
                        partial=partial, resume=resume)  # fmt: skip
+    except KeyboardInterrupt:
+        if partial is not None and partial.is_file():
+            raise Interrupted(f"interrupted; finished episodes are kept in {partial}",
+                              "run the same bench command with --resume to finish only the rest") from None  # fmt: skip
+        raise Interrupted("interrupted; nothing was kept", "pass --out to keep finished results") from None
     finally:
         close = getattr(transport, "close", None)
         if close is not None:
