@@ -335,3 +335,52 @@ def test_fuzzed_sb3_zips_load_or_fail_in_one_line(
         contract("SB3 zip", lambda: load_sb3_zip(path))
 
     run()
+
+
+# ---- VecNormalize pickles (byte-level damage) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vecnorm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from quarl_edge.policy.registry import env_config
+    from quarl_edge.runtimes.envs import make_env
+
+    vn = VecNormalize(DummyVecEnv([lambda: make_env(env_config("Pendulum-v1"))]))
+    vn.reset()
+    for _ in range(20):
+        vn.step(np.array([vn.action_space.sample()]))
+    path = tmp_path_factory.mktemp("vn") / "vec_normalize.pkl"
+    vn.save(str(path))
+    return path
+
+
+def test_fuzzed_vecnormalize_pickles_load_or_fail_in_one_line(
+    request: pytest.FixtureRequest, vecnorm_path: Path, case_dir: Callable[[], Path]
+) -> None:
+    from quarl_edge.policy.sb3 import load_vecnormalize
+
+    data = vecnorm_path.read_bytes()
+    edits = st.lists(st.tuples(st.integers(0, len(data) - 1), st.sampled_from(["flip", "drop", "dup", "max"])),
+                     min_size=1, max_size=4)  # fmt: skip
+
+    @fuzz_settings(request)
+    @given(edits)
+    def run(changes: list[tuple[int, str]]) -> None:
+        b = bytearray(data)
+        for i, how in changes:
+            i = min(i, len(b) - 1)
+            if how == "flip":
+                b[i] ^= 0xFF
+            elif how == "drop":
+                del b[i]
+            elif how == "dup":
+                b[i:i] = b[i : i + 8]
+            else:
+                b[i] = 0xFF
+        path = case_dir() / "vec_normalize.pkl"
+        path.write_bytes(bytes(b))
+        contract("VecNormalize pickle", lambda: load_vecnormalize(path))
+
+    run()

@@ -376,6 +376,9 @@ class _Inert:
         return _Inert(*args)
 
 
+_MAX_VECNORM_BYTES = 64 * 2**20
+
+
 class _SafeUnpickler(pickle.Unpickler):
     _NUMPY = {
         ("numpy.core.multiarray", "_reconstruct"),
@@ -409,6 +412,9 @@ def load_vecnormalize(path: str | Path) -> VecNormStats:
             f"VecNormalize file {str(path)!r} does not exist",
             "pass the vecnormalize.pkl saved with the model",
         )
+    fix = "pass the vecnormalize.pkl that SB3's VecNormalize.save() wrote"
+    if path.stat().st_size > _MAX_VECNORM_BYTES:
+        raise IntegrityError(f"{str(path)!r} is too large to be a VecNormalize file", fix)
     try:
         with open(path, "rb") as f:
             obj = _SafeUnpickler(f).load()
@@ -416,14 +422,25 @@ def load_vecnormalize(path: str | Path) -> VecNormStats:
         rms = _state(st["obs_rms"])
         if not st.get("norm_obs", True):
             raise InputError(f"{str(path)!r} does not normalize observations", "omit --vecnormalize")
-        return VecNormStats(
-            mean=np.asarray(rms["mean"], dtype=np.float64),
-            var=np.asarray(rms["var"], dtype=np.float64),
+        stats = VecNormStats(
+            mean=np.asarray(rms["mean"], dtype=np.float64).reshape(-1),
+            var=np.asarray(rms["var"], dtype=np.float64).reshape(-1),
             clip_obs=float(st.get("clip_obs", 10.0)),
             epsilon=float(st.get("epsilon", 1e-8)),
         )
-    except (pickle.UnpicklingError, KeyError, EOFError, TypeError, AttributeError, ValueError) as e:
+    except InputError:
+        raise
+    # the unpickler builds only numpy arrays and inert records, so whatever a damaged file makes it raise
+    # (numpy's own SystemError included) means "damaged", never a crash
+    except (Exception, MemoryError, RecursionError) as e:
         raise IntegrityError(
-            f"{str(path)!r} is not a readable VecNormalize file ({type(e).__name__}: {e})",
-            "pass the vecnormalize.pkl that SB3's VecNormalize.save() wrote",
+            f"{str(path)!r} is not a readable VecNormalize file ({type(e).__name__}: {str(e)[:160]})", fix
         ) from None
+    finite = np.all(np.isfinite(stats.mean)) and np.all(np.isfinite(stats.var)) and np.all(stats.var >= 0)
+    if (
+        stats.mean.shape != stats.var.shape
+        or not finite
+        or not (np.isfinite(stats.clip_obs) and stats.clip_obs > 0)
+    ):
+        raise IntegrityError(f"{str(path)!r} holds statistics no VecNormalize could have saved", fix)
+    return stats
