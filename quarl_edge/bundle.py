@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,16 @@ _EXT = {"onnx": "onnx", "tflite": "tflite"}
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One model of a bundle under a name of its own: an export target with its own settings (tune's
+    candidates: several int8 models differing in calibration or float layers, side by side)."""
+
+    name: str
+    target: str
+    config: ExportConfig
+
+
+@dataclass(frozen=True)
 class BundleRequest:
     out: Path
     targets: tuple[str, ...]
@@ -47,6 +58,10 @@ class BundleRequest:
     config: ExportConfig = ExportConfig()
     record_episodes: int = 10
     """episodes recorded on the fly when no calibration file is given"""
+    variants: tuple[Variant, ...] = ()
+    """more models, each under its own name, after ``targets`` (which are named by their target)"""
+    tune: dict[str, Any] | None = None
+    """recorded in the manifest: the choice `quarl-edge tune` made for this bundle, with its evidence"""
     reads: Sequence[tuple[str, Path | None]] = ()
     """what else the export reads, as (label, path): the policy's folder or .zip, a VecNormalize file.
     ``out`` may not be, hold or lie inside any of them (nor the calibration file)"""
@@ -77,8 +92,22 @@ def export_bundle(
         ) from None
 
 
+def _jobs(req: BundleRequest) -> list[Variant]:
+    jobs = [Variant(t, t, req.config) for t in resolve_targets(list(req.targets))] if req.targets else []
+    if req.variants:
+        resolve_targets([v.target for v in req.variants])
+    jobs += list(req.variants)
+    names = [j.name for j in jobs]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None or not jobs:
+        raise InputError(f"model name {twice!r} given twice" if twice else "no models to export",
+                         "give every model its own name")  # fmt: skip
+    return jobs
+
+
 def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Manifest:
-    targets = resolve_targets(list(req.targets))  # cheap validation before any expensive step
+    jobs = _jobs(req)  # cheap validation before any expensive step
+    targets = [j.target for j in jobs]
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
     calib = _calibration(policy, req, log)
@@ -97,17 +126,21 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
     entries: list[ModelEntry] = []
     work_dir = tempfile.TemporaryDirectory(prefix=temp_dir_prefix(WORK_PREFIX))
     with work_dir as work, atomic_directory(req.out) as tmp:
-        for name in targets:
-            fmt, precision = name.rsplit("-", 1)
+        for job in jobs:
+            fmt, precision = job.target.rsplit("-", 1)
             ctx = ExportContext(
                 policy=policy,
-                calibration=calib_obs if name in NEEDS_CALIBRATION else None,
-                config=req.config,
+                calibration=calib_obs[: job.config.max_calibration_samples]
+                if job.target in NEEDS_CALIBRATION
+                else None,
+                config=job.config,
                 workdir=Path(work),
                 **qat_fields,  # type: ignore[arg-type]
             )
-            file = tmp / f"policy.{precision}.{_EXT.get(fmt, fmt)}"
-            out = EXPORTERS[name](ctx, file)
+            stem = precision if job.name == job.target else job.name
+            file = tmp / f"policy.{stem}.{_EXT.get(fmt, fmt)}"
+            out = EXPORTERS[job.target](ctx, file)
+            name = job.name
             entries.append(
                 ModelEntry(
                     name=name,
@@ -139,6 +172,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             trace={"file": "trace.npz", "sha256": sha256_file(tmp / "trace.npz"), "samples": trace.samples},
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
+            tune=req.tune,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         claim(req.out, BUNDLE, req.inputs())  # again, just before the swap: the export took a while

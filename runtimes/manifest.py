@@ -56,6 +56,8 @@ class Manifest:
     trace: dict[str, Any] | None = None
     created: str = ""
     tool_version: str = ""
+    tune: dict[str, Any] | None = None
+    """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
 
     def model(self, name: str) -> ModelEntry:
         for m in self.models:
@@ -80,6 +82,7 @@ class Manifest:
             "calibration": self.calibration,
             "trace": self.trace,
             "models": [m.to_dict() for m in self.models],
+            **({"tune": self.tune} if self.tune is not None else {}),
         }
 
     @classmethod
@@ -134,6 +137,9 @@ class Manifest:
                 trace=d.get("trace"),
                 created=str(d.get("created", "")),
                 tool_version=str(d.get("tool_version", "")),
+                tune=schema.obj(d["tune"], "bundle manifest tune", fix)
+                if d.get("tune") is not None
+                else None,
             )
         except schema.MALFORMED as e:
             raise InputError(

@@ -419,3 +419,34 @@ def test_malicious_policy_pth_is_refused_in_one_line_and_not_run(
     member.write_bytes(zipfile.ZipFile(evil).read("policy.pth"))
     subprocess.run([sys.executable, "-c", code, str(member)], capture_output=True, timeout=120)
     assert marker.exists()
+
+
+# ---- RL Zoo / Hugging Face model folders ------------------------------------------------------------
+
+
+def test_an_rl_zoo_folder_loads_its_zip_with_the_vecnormalize_beside_it(
+    tmp_path: Path, ppo_cartpole_zip: Path
+) -> None:
+    folder = tmp_path / "ppo-CartPole-v1"
+    folder.mkdir()
+    shutil.copyfile(ppo_cartpole_zip, folder / "model.zip")  # the folder's name carries algo and env
+    (folder / "config.yml").write_text("!!python/tuple\n- - n_timesteps\n  - 1000\n")  # read by nobody
+    policy = load_policy(folder)
+    assert policy.spec.env.id == "CartPole-v1" and policy.spec.algo == "ppo"
+    direct = load_policy(ppo_cartpole_zip)
+    obs = np.zeros((1, 4), np.float32)
+    np.testing.assert_array_equal(policy.predict(obs), direct.predict(obs))
+
+
+def test_an_rl_zoo_folder_with_two_zips_or_none_is_one_line(tmp_path: Path, ppo_cartpole_zip: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no .zip"):
+        load_policy(empty)
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.zip", "b.zip"):
+        shutil.copyfile(ppo_cartpole_zip, two / name)
+    with pytest.raises(InputError, match="holds 2 model zips") as e:
+        load_policy(two)
+    assert "\n" not in str(e.value) and "--policy" in str(e.value)

@@ -242,7 +242,7 @@ def _algo_from_data(data: dict[str, Any]) -> str | None:
     return None
 
 
-def _names_from_filename(path: Path) -> tuple[str | None, str | None]:
+def names_from_filename(path: Path) -> tuple[str | None, str | None]:
     """RL Zoo names files ``{algo}-{EnvId}.zip`` (e.g. ppo-CartPole-v1.zip, dqn-PongNoFrameskip-v4.zip)."""
     m = re.fullmatch(r"(ppo|a2c|dqn|ddpg|td3|sac)-(.+)", path.stem, flags=re.IGNORECASE)
     return (m.group(1).lower(), m.group(2)) if m else (None, None)
@@ -318,7 +318,7 @@ def load_sb3_zip(
             f"{str(path)!r} is damaged ({type(e).__name__}: {e})", "re-save the model"
         ) from None
     data = _checked_data(data, path)
-    file_algo, file_env = _names_from_filename(path)
+    file_algo, file_env = names_from_filename(path)
     algo = (algo or _algo_from_data(data) or file_algo or "").lower()
     if algo not in ALGOS:
         raise InputError(f"cannot tell the algorithm of {str(path)!r}", f"pass --algo ({', '.join(ALGOS)})")
