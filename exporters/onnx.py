@@ -10,9 +10,9 @@ in float (module paths, mapped to the graph's Conv/Gemm/MatMul nodes by _layer_n
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import shutil
-import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -195,8 +195,9 @@ def _quantize_qdq(pre: Path, path: Path, reader: Any, activation_type: str, **kw
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     logging.getLogger().setLevel(logging.ERROR)  # ORT's quantizer logs advice to the root logger
-    # the histogram calibrators print progress to stdout, which must stay clean for --json
-    with contextlib.redirect_stdout(sys.stderr):
+    # the histogram calibrators print their progress to stdout, which must stay clean for --json; it
+    # says nothing a user acts on, so it goes nowhere
+    with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(
             str(pre),
             str(path),

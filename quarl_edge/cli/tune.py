@@ -1,0 +1,66 @@
+"""`quarl-edge tune`: the fastest model that keeps reward, chosen on the device (quarl_edge.tune)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from quarl_edge.cli._options import (
+    AlgoOpt,
+    EnvOpt,
+    HostOpt,
+    IdentityOpt,
+    JsonOpt,
+    PolicyOpt,
+    PortOpt,
+    UserOpt,
+    VecNormOpt,
+    out_option,
+    overrides,
+)
+from quarl_edge.cli._output import handle_errors, info, print_json, table
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(handle_errors(tune))
+
+
+def tune(
+    policy: PolicyOpt,
+    out: Annotated[Path, out_option("folder for tune.json/.md/.png and bundle/ (the chosen model)")],
+    device: Annotated[str, typer.Option("--device", help="device profile name")] = "local",
+    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
+    min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
+    budget_min: Annotated[float, typer.Option("--budget-min", help="stop with the best so far after M minutes")] = 15.0,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
+    episodes: Annotated[int, typer.Option("--episodes", help="paired closed-loop episodes per candidate")] = 20,
+    max_threads: Annotated[int | None, typer.Option("--max-threads", help="default: the device's cores")] = None,
+    host: HostOpt = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
+    env: EnvOpt = None,
+    algo: AlgoOpt = None,
+    vecnormalize: VecNormOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
+    from quarl_edge.gate import parse_percent
+    from quarl_edge.tune.report import COLUMNS, table_rows
+    from quarl_edge.tune.search import TuneConfig, run_tune
+
+    cfg = TuneConfig(policy=policy, out=out, device=device, overrides=overrides(host, user, port, identity),
+                     max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
+                     max_p99_ms=max_p99_ms, budget_min=budget_min, calibration=calibration, episodes=episodes,
+                     max_threads=max_threads, env=env, algo=algo, vecnormalize=vecnormalize)  # fmt: skip
+    result = run_tune(cfg, log=info)
+    if as_json:
+        print_json(result)
+        return
+    table(f"tune {result['policy']} on {result['device']['name']}", COLUMNS, table_rows(result))
+    c = result["choice"]
+    info(f"chosen: {c['name']} at {c['threads']} thread(s), {c['speedup_vs_fp32']:.2f}x fp32's p50; "
+         f"search {result['search_s']} s; next: quarl-edge gate {out / 'tune.json'}")  # fmt: skip

@@ -1,0 +1,115 @@
+"""tune's outputs: ``DIR/tune.json`` (a bench report of the choice against fp32, so `quarl-edge gate`
+reads it, plus a ``tune`` block with every candidate), ``tune.md``, ``tune.png`` (latency vs reward
+drop, the gate and the choice marked) and ``DIR/bundle/`` (the choice and its fp32 reference)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.bench.report import REPORT
+from quarl_edge.bench.run import BenchConfig, bench, finite_json
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.outputs import BUNDLE, Kind, claim, text_starts_with
+from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.text import md_cell
+from quarl_edge.tune.candidates import Candidate
+
+TITLE = "# quarl-edge tune:"
+TUNE_MARKDOWN = Kind("tune summary", False, text_starts_with(TITLE))
+COLUMNS = ("candidate", "threads", "p50 us", "p99 us", "agree", "drop %", "verdict", "why")
+
+
+class NothingPasses(QuarlError):
+    """No candidate passes the gate: exit 1 (like a failed gate), the closest ones named."""
+
+    exit_code = 1
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+    order = sorted(result["candidates"], key=lambda r: (r.get("p50_us") is None, r.get("p50_us") or 0))
+    return [[r["name"], f(r.get("threads"), "d"), f(r.get("p50_us"), ".1f"), f(r.get("p99_us"), ".1f"),
+             f(r.get("agreement"), ".3f"), f(r.get("drop_pct"), "+.2f"), r.get("verdict", "not judged"),
+             r.get("why") or ""] for r in order]  # fmt: skip
+
+
+def markdown(result: dict[str, Any]) -> str:
+    c, d = result["choice"], result["device"]
+    emulated = " (emulated: latency is qemu's, not the board's)" if d.get("emulated") else ""
+    lines = [f"{TITLE} {md_cell(str(result['policy']))} on {md_cell(d['name'])}{emulated}", "",
+             f"Chosen: **{md_cell(c['name'])}** at {c['threads']} thread(s), p50 {c['p50_us']:.1f} us "
+             f"({c['speedup_vs_fp32']:.2f}x fp32), reward drop {c['drop_pct'] or 0:+.2f}%: {md_cell(c['why'] or '')}.",
+             f"Search: {result['search_s']} s; {len(result['candidates'])} candidates; gate: reward drop <= "
+             f"{result['settings']['max_reward_drop_pct']:g}%.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
+    lines += ["| " + " | ".join(md_cell(x) for x in r) + " |" for r in table_rows(result)]
+    lines += [f"- {md_cell(n)}" for n in result.get("notes") or []]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from quarl_edge.study.plots import _save
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    judged = [r for r in result["candidates"] if r.get("p50_us") and r.get("drop_pct") is not None]
+    for r in judged:
+        color = "tab:green" if r.get("verdict") == "pass" else "tab:red"
+        ax.scatter(r["p50_us"], r["drop_pct"], color=color, s=30)
+        ax.annotate(
+            r["name"], (r["p50_us"], r["drop_pct"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
+    c = result["choice"]
+    ax.scatter([c["p50_us"]], [c.get("drop_pct") or 0.0], s=160, facecolors="none", edgecolors="black",
+               label=f"chosen: {c['name']}")  # fmt: skip
+    ax.axhline(result["settings"]["max_reward_drop_pct"], color="grey", linestyle=":", label="gate")
+    emulated = " (emulated)" if result["device"].get("emulated") else ""
+    ax.set_xlabel(f"p50 latency on {result['device']['name']}{emulated}, us")
+    ax.set_ylabel("reward drop vs fp32, % (paired seeds)")
+    ax.set_title("tune: candidates judged in closed loop")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_outputs(
+    result: dict[str, Any], cfg: Any, policy: Any, device: dict[str, Any], transport: Any
+) -> list[Path]:
+    """The choice benched once more against fp32 (the report gate reads), the files, the bundle."""
+    out: Path = cfg.out
+    if result["choice"] is None:
+        closest = sorted((r for r in result["candidates"] if r.get("drop_pct") is not None),
+                         key=lambda r: r["drop_pct"])[:3]  # fmt: skip
+        names = "; ".join(f"{r['name']}: {r['why']}" for r in closest) or "no candidate was judged"
+        raise NothingPasses(f"no candidate passes the gate (closest: {names})",
+                            "loosen --max-reward-drop / --max-p99-ms, or give a larger --budget-min")  # fmt: skip
+    files = [claim(out / "tune.json", REPORT), claim(out / "tune.md", TUNE_MARKDOWN, name="tune.md"),
+             out / "tune.png", claim(out / "bundle", BUNDLE, name="the tuned bundle")]  # fmt: skip
+    c = result["choice"]
+    models = () if c["name"] == result["reference"] else (c["name"],)
+    report = bench(Path(result["bundle"]), BenchConfig(episodes=cfg.episodes, seed=cfg.seed, threads=c["threads"],
+                                                        latency_samples=cfg.latency_samples, models=models),
+                   device=device, transport=transport)  # fmt: skip
+    report["tune"] = {k: v for k, v in result.items() if k != "bundle"}
+    atomic_write_json(files[0], finite_json(report))
+    atomic_write_text(files[1], markdown(result))
+    plot(result, files[2])
+    cand = next(Candidate(**{k: v for k, v in r.items() if k in ("format", "precision")},
+                          method=r.get("calibration") or "minmax",
+                          float_layers=None if r["float_layers"] == "default" else tuple(r["float_layers"]))
+                for r in result["candidates"] if r["name"] == c["name"])  # fmt: skip
+    variants = () if c["name"] == result["reference"] else (cand.variant(),)
+    tune_block = {"chosen": c["name"], "threads": c["threads"], "device": device["name"],
+                  "emulated": device.get("emulated", False), "evidence": c}  # fmt: skip
+    export_bundle(policy, BundleRequest(out=files[3], targets=(result["reference"],), variants=variants,
+                                        calibration=Path(result["calibration"]), tune=tune_block))  # fmt: skip
+    return files
