@@ -188,7 +188,9 @@ class Search:
         all_int8 = probe((), "every layer int8")
         self.log(f"{fmt} int8, every layer: agreement {all_int8:.3f} (proxy {proxy:g})")
         if all_int8 >= proxy:
-            return Candidate(fmt, "int8", float_layers=(), origin=f"every layer int8: agreement {all_int8:.3f}")
+            return Candidate(
+                fmt, "int8", float_layers=(), origin=f"every layer int8: agreement {all_int8:.3f}"
+            )
         # sensitivity: how much agreement each layer loses when it alone is int8
         alone = {lay: probe(tuple(x for x in layers if x != lay), f"only {lay} int8") for lay in layers}
         ranked = sorted(layers, key=lambda lay: alone[lay])
