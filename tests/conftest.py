@@ -61,20 +61,21 @@ def cli(tmp_path: Path) -> CliRun:
     return run
 
 
+def _export_shipped(out: Path, policy: Path, calibration: Path, targets: tuple[str, ...]) -> Path:
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.policy.net import load_checkpoint
+
+    export_bundle(load_checkpoint(policy), BundleRequest(out=out, targets=targets, calibration=calibration))
+    return out
+
+
 @pytest.fixture(scope="session")
 def cartpole_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """fp32 + fp16 + int8 ONNX bundle of the shipped CartPole PPO (exported once per session)."""
-    from quarl_edge.bundle import BundleRequest, export_bundle
-    from quarl_edge.policy.net import load_checkpoint
-
     out = tmp_path_factory.mktemp("bundles") / "cartpole-ppo"
-    export_bundle(
-        load_checkpoint(cartpole_policy),
-        BundleRequest(out=out, targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=cartpole_calib),
-    )
-    return out
+    return _export_shipped(out, cartpole_policy, cartpole_calib, ("onnx-fp32", "onnx-fp16", "onnx-int8"))
 
 
 @pytest.fixture(scope="session")
@@ -102,15 +103,8 @@ def pendulum_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
     """fp32 + int8 ONNX bundle of the shipped Pendulum SAC (continuous actions, returns that vary by seed)."""
-    from quarl_edge.bundle import BundleRequest, export_bundle
-    from quarl_edge.policy.net import load_checkpoint
-
     out = tmp_path_factory.mktemp("bundles") / "pendulum-sac"
-    export_bundle(
-        load_checkpoint(pendulum_policy),
-        BundleRequest(out=out, targets=("onnx-fp32", "onnx-int8"), calibration=pendulum_calib),
-    )
-    return out
+    return _export_shipped(out, pendulum_policy, pendulum_calib, ("onnx-fp32", "onnx-int8"))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import assert_absent, assert_no_report
 
 from quarl_edge.bench.device import bench_on_device
 from quarl_edge.bench.partial import PARTIAL_FORMAT, BenchInterrupted, partial_path
@@ -62,18 +63,6 @@ def user_error(
     assert str(e) == f"{e.problem}; {e.fix}" and "\n" not in str(e), repr(str(e))
     missing = [s for s in problem if s not in e.problem] + [s for s in fix if s not in e.fix]
     assert not missing, f"{missing} not in {str(e)!r}"
-
-
-def assert_absent(path: Path) -> None:
-    """Neither the output nor a temporary sibling (`.name.*.tmp`, `.name.old-*`) is left behind."""
-    assert not path.exists(), f"{path} was left behind"
-    leftovers = sorted(p.name for p in path.parent.glob(f".{path.name}.*"))
-    assert not leftovers, f"temporary files left in {path.parent}: {leftovers}"
-
-
-def assert_no_report(path: Path) -> None:
-    assert_absent(path)
-    assert_absent(path.with_suffix(".md"))
 
 
 # --- the library calls behind each command (as quarl_edge/cli/pipeline.py makes them) ---------------
