@@ -114,6 +114,9 @@ def plot_study_curves(runs: list[dict[str, Any]], path: Path) -> None:
 def _save(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 
+    from quarl_edge.study._common import claim_output
+
+    claim_output(path, "png")  # a study's or a run's own figure only
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)

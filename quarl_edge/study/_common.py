@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -150,6 +151,52 @@ class Row:
 
 # ---- writers -------------------------------------------------------------------------------------------
 
+STUDY_TITLES = ("# PTQ study", "# QAT vs PTQ", "# ActorQ study")
+
+
+def _is_study_json(path: Path) -> bool:
+    from quarl_edge.outputs import json_format
+
+    fmt = json_format(path)
+    if isinstance(fmt, str) and fmt.startswith("quarl-edge/study"):
+        return True
+    try:  # actorq.json of earlier versions carries no format field
+        data = json.loads(path.read_text()) if path.stat().st_size < 2**26 else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and {"suite", "runs", "rows"} <= set(data)
+
+
+def _starts_with(prefixes: Sequence[str]) -> Callable[[Path], bool]:
+    def recognise(path: Path) -> bool:
+        try:
+            with path.open("rb") as f:
+                head = f.read(256)
+        except OSError:
+            return False
+        return any(head.startswith(p.encode()) for p in prefixes)
+
+    return recognise
+
+
+def is_matplotlib_png(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"Matplotlib" in head
+
+
+def claim_output(path: Path, kind: str) -> Path:
+    """A study writes only over its own files: ``kind`` json, md, csv (``header`` checked by the
+    caller) or png; anything else of the same name is refused in one line (quarl_edge.outputs)."""
+    from quarl_edge.outputs import Kind, claim
+
+    recognisers: dict[str, Callable[[Path], bool]] = {"json": _is_study_json, "md": _starts_with(STUDY_TITLES),
+                                                      "png": is_matplotlib_png}  # fmt: skip
+    return claim(path, Kind(f"study {kind}", False, recognisers[kind]), name=f"the study's {path.name!r}")
+
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A Markdown table: header, separator, one line per row."""
@@ -168,7 +215,11 @@ def write_tables(
 ) -> list[Path]:
     """``out/<stem>.json`` (the study, non-finite numbers as null), ``.md`` and ``.csv``, each atomic."""
     from quarl_edge.bench.run import finite_json
+    from quarl_edge.outputs import Kind, claim
 
+    csv_kind = Kind("study csv", False, _starts_with([",".join(csv_header)]))
+    claim_output(out / f"{stem}.json", "json"), claim_output(out / f"{stem}.md", "md")
+    claim(out / f"{stem}.csv", csv_kind, name=f"the study's {stem}.csv")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"{stem}.json", finite_json(study))
     atomic_write_text(out / f"{stem}.md", markdown)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.study._common import Progress, check_suite, import_ray, say
+from quarl_edge.study._common import Progress, check_suite, claim_output, import_ray, say
 
 STUDY_VERSION = 2
 WINDOW = 10
@@ -157,7 +157,7 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[
     finally:
         if started:
             ray.shutdown()
-    return {"version": STUDY_VERSION, "suite": suite_name, "config": asdict(suite), "runs": runs,
+    return {"format": "quarl-edge/study-actorq", "version": STUDY_VERSION, "suite": suite_name, "config": asdict(suite), "runs": runs,
             "rows": _rows(runs, suite)}  # fmt: skip
 
 
@@ -270,8 +270,8 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
     """actorq.json, actorq.md, and per task a breakdown and a learning-curve PNG (temp name, then rename)."""
     from quarl_edge.actorq.plots import plot_study_breakdown, plot_study_curves
 
+    files = [claim_output(out / "actorq.json", "json"), claim_output(out / "actorq.md", "md")]
     out.mkdir(parents=True, exist_ok=True)
-    files = [out / "actorq.json", out / "actorq.md"]
     tmp = out / "actorq.json.tmp"
     tmp.write_text(json.dumps(study, indent=2))
     os.replace(tmp, files[0])

@@ -13,6 +13,9 @@ from quarl_edge.runtimes.fsutil import atomic_write_bytes
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
+    from quarl_edge.study._common import claim_output
+
+    claim_output(path, "png")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
