@@ -359,7 +359,7 @@ def vecnorm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fuzzed_vecnormalize_pickles_load_or_fail_in_one_line(
     request: pytest.FixtureRequest, vecnorm_path: Path, case_dir: Callable[[], Path]
 ) -> None:
-    from quarl_edge.policy.sb3 import load_vecnormalize
+    from quarl_edge.policy.vecnormalize import load_vecnormalize
 
     data = vecnorm_path.read_bytes()
     edits = st.lists(st.tuples(st.integers(0, len(data) - 1), st.sampled_from(["flip", "drop", "dup", "max"])),
