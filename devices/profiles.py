@@ -37,6 +37,22 @@ DROP_IN_DIR = "devices.d"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_TYPE_CHECKS: dict[str, Any] = {
+    "str": lambda v: isinstance(v, str) and len(v) <= 4096,
+    "int": _is_int,
+    "float": lambda v: (_is_int(v) or isinstance(v, float)) and v == v and abs(v) != float("inf"),
+    "bool": lambda v: isinstance(v, bool),
+    "str | None": lambda v: v is None or (isinstance(v, str) and len(v) <= 4096),
+    "int | None": lambda v: v is None or _is_int(v),
+}
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a finite number", "bool": "true or false",
+               "str | None": "a string", "int | None": "an integer"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
@@ -85,6 +101,13 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         where = self.source[-1] if self.source else "device profile"
+        for f in fields(self):  # a TOML value of the wrong type is named here, not met later as a crash
+            value, ok = getattr(self, f.name), _TYPE_CHECKS.get(str(f.type))
+            if ok is not None and not ok(value):
+                raise InputError(
+                    f"device {str(self.name)[:64]!r}: {f.name} = {str(value)[:40]!r} is not {_TYPE_WORDS[str(f.type)]} ({where})",
+                    "fix the TOML file",
+                )
         if not _NAME.match(self.name):
             raise InputError(f"device name {self.name!r} is not a simple name", "use letters, digits, . _ -")
         if self.transport not in TRANSPORTS:
@@ -99,8 +122,8 @@ class DeviceProfile:
             )
         if self.port is not None and not 0 < self.port < 65536:
             raise InputError(f"device {self.name!r}: port {self.port} is out of range", "use 1..65535")
-        if self.default_threads < 1:
-            raise InputError(f"device {self.name!r}: default_threads must be >= 1 ({where})", "fix it")
+        if self.default_threads < 1 or self.default_threads > 1024:
+            raise InputError(f"device {self.name!r}: default_threads must be 1..1024 ({where})", "fix it")
         for name in ("connect_timeout", "command_timeout", "keepalive_interval"):
             if not getattr(self, name) > 0:
                 raise InputError(f"device {self.name!r}: {name} must be > 0 ({where})", "fix it")

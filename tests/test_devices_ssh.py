@@ -506,10 +506,14 @@ def test_bench_cli_over_ssh_says_nothing_was_uploaded(
     assert json.loads((tmp_path / "first.json").read_text())["device"]["machine"] == os.uname().machine
 
 
+EPISODES_CUT = 20
+
+
 def test_link_cut_mid_bench_keeps_finished_episodes_and_resume_completes(
     cli: Any, trusted: Env, sshd: Sshd, cartpole_bundle: Path, tmp_path: Path
 ) -> None:
-    cfg = BenchConfig(episodes=5, latency_samples=100)
+    # enough episodes that the cut, made at fp16's first, lands before its last arrives on a busy machine
+    cfg = BenchConfig(episodes=EPISODES_CUT, latency_samples=100)
     out = tmp_path / "reports" / "r.json"
     partial = partial_path(out)
     cut = {"done": False}
@@ -531,31 +535,31 @@ def test_link_cut_mid_bench_keeps_finished_episodes_and_resume_completes(
 
     saved = json.loads(partial.read_text())
     models = saved["models"]
-    assert models["onnx-fp32"]["run"] is not None and len(models["onnx-fp32"]["episodes"]) == 5
+    assert models["onnx-fp32"]["run"] is not None and len(models["onnx-fp32"]["episodes"]) == EPISODES_CUT
     fp16 = models["onnx-fp16"]
     kept = {e["seed"]: e["ret"] for e in fp16["episodes"]}
-    assert 1 <= len(kept) < 5 and fp16["run"] is None
+    assert 1 <= len(kept) < EPISODES_CUT and fp16["run"] is None
     assert fp16["measured"]["latency"]["count"] == 100  # latency finished before the cut: kept
     assert models["onnx-int8"]["measured"] is None and not models["onnx-int8"]["episodes"]
     assert saved["missing"]["onnx-fp16"]["seeds"] == [s for s in cfg.seeds if s not in kept]
     assert saved["missing"]["onnx-int8"]["status"] == "not measured"
     assert not out.exists()
 
-    p = cli("bench", "--bundle", cartpole_bundle, "--device", DEV, "--episodes", "5", "--latency-samples", "100",
+    p = cli("bench", "--bundle", cartpole_bundle, "--device", DEV, "--episodes", str(EPISODES_CUT), "--latency-samples", "100",
             "--out", out, "--resume", "--json")  # fmt: skip
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
-    assert report["resumed"] == {"episodes_kept": 5 + len(kept)}
+    assert report["resumed"] == {"episodes_kept": EPISODES_CUT + len(kept)}
     # only what was missing ran: fp32 not at all, fp16 without re-measuring latency
     assert set(report["harness"]["runner_startup_s"]) == {"onnx-fp16", "onnx-int8"}
     by_name = {m["name"]: m for m in report["models"]}
     assert by_name["onnx-fp16"]["latency"] == fp16["measured"]["latency"]
     for m in report["models"]:
-        assert m["reward"]["episodes"] == 5 and len(m["reward"]["per_episode"]) == 5
+        assert m["reward"]["episodes"] == len(m["reward"]["per_episode"]) == EPISODES_CUT
         assert m["latency"]["count"] == 100
     per_ep = dict(zip(cfg.seeds, by_name["onnx-fp16"]["reward"]["per_episode"], strict=True))
     assert all(per_ep[s] == r for s, r in kept.items())
-    assert by_name["onnx-int8"]["drift"]["paired_episodes"] == 5
+    assert by_name["onnx-int8"]["drift"]["paired_episodes"] == EPISODES_CUT
     assert by_name["onnx-int8"]["agreement"] is not None and by_name["onnx-fp16"]["agreement"] is not None
     assert out.is_file() and not partial.exists()
 

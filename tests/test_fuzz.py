@@ -384,3 +384,57 @@ def test_fuzzed_vecnormalize_pickles_load_or_fail_in_one_line(
         contract("VecNormalize pickle", lambda: load_vecnormalize(path))
 
     run()
+
+
+# ---- device profiles (the user's devices.toml) -------------------------------------------------------
+
+toml_scalars = (
+    st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | hostile_text
+    | st.text(max_size=12)
+)
+PROFILE_FIELDS = ("transport", "host", "user", "port", "identity", "python", "cores", "default_threads",
+                  "preferred_runtime", "connect_timeout", "command_timeout", "keepalive_interval",
+                  "keepalive_count_max", "emulated", "extends", "cache_dir", "arch", "known_hosts")  # fmt: skip
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return (
+            "nan"
+            if v != v
+            else ("inf" if v > 0 else "-inf")
+            if v in (float("inf"), float("-inf"))
+            else repr(v)
+        )
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return json.dumps(v) if isinstance(v, str) else str(v)
+
+
+def test_fuzzed_device_profiles_load_or_fail_in_one_line(
+    request: pytest.FixtureRequest, case_dir: Callable[[], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quarl_edge.devices.profiles import load_profile
+
+    def write(home: Path, body: str) -> None:
+        (home / "quarl-edge").mkdir(exist_ok=True)
+        (home / "quarl-edge" / "devices.toml").write_text(f'[fuzzed]\nhost = "127.0.0.1"\n{body}')
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+
+    sane = case_dir()  # the fuzz reaches the profile's fields: a well-formed one loads
+    write(sane, "port = 2222\n")
+    assert load_profile("fuzzed").port == 2222
+
+    @fuzz_settings(request)
+    @given(st.dictionaries(st.sampled_from(PROFILE_FIELDS), toml_scalars | st.lists(toml_scalars, max_size=3),
+                           min_size=1, max_size=4))  # fmt: skip
+    def run(fields: dict[str, Any]) -> None:
+        write(case_dir(), "".join(f"{k} = {_toml(v)}\n" for k, v in fields.items() if k != "host"))
+        contract("device profile", lambda: load_profile("fuzzed"))
+
+    run()
