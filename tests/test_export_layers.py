@@ -37,6 +37,8 @@ from quarl_edge.runtimes.manifest import ModelEntry, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import load_trace
 
+pytestmark = pytest.mark.slow  # ~36 s of exports: `make test`, not the fast tier
+
 TARGETS = ("onnx-int8", "tflite-int8")
 CALIBRATION_SAMPLES = 300
 MIN_AGREEMENT = 0.95
