@@ -32,12 +32,12 @@ def run_demo(out: Path, episodes: int = 20) -> int:
     bundle = out / "bundle"
     info(
         f"{policy_dir.name} -> {bundle} (onnx fp32, fp16, int8; calibration {calib or 'recorded now'})",
-        label="1/3 export",
+        label="1/4 export",
     )
     export_bundle(
         policy, BundleRequest(out=bundle, targets=("onnx-fp32", "onnx-fp16", "onnx-int8"), calibration=calib)
     )
-    info(f"{episodes} paired episodes per model, 1 thread", label="2/3 bench")
+    info(f"{episodes} paired episodes per model, 1 thread", label="2/4 bench")
     report = bench(bundle, BenchConfig(episodes=episodes))
     report_path, md = write_report(report, out / "report.json")
     table(
@@ -45,11 +45,29 @@ def run_demo(out: Path, episodes: int = 20) -> int:
         COLUMNS,
         rows(report),
     )
-    info("--max-reward-drop 2%", label="3/3 gate")
+    info("--max-reward-drop 2%", label="3/4 gate")
     checks = evaluate(report, GateConfig(max_reward_drop_pct=2.0))
     write_outputs(report, checks, out / "junit.xml", out / "gate.md")
     failed = [c for c in checks if not c.passed]
     for c in checks:
         info(c.message, label="pass" if c.passed else "FAIL", style="green" if c.passed else "bold red")
     info(f"report: {report_path}, {md}; JUnit: {out / 'junit.xml'}")
+    _tune(policy_dir, calib, out / "tune")
     return 1 if failed else 0
+
+
+def _tune(policy_dir: Path, calib: Path | None, out: Path) -> None:
+    """The demo's last step: not the int8 model because it is int8, the fastest one that keeps reward."""
+    from quarl_edge.tune.report import COLUMNS as TUNE_COLUMNS
+    from quarl_edge.tune.report import table_rows
+    from quarl_edge.tune.search import TuneConfig, run_tune
+
+    info("every format, precision, calibration and thread count here, judged by reward (short budget)",
+         label="4/4 tune")  # fmt: skip
+    cfg = TuneConfig(policy=policy_dir, out=out, calibration=calib, episodes=5, confirm_episodes=10,
+                     budget_min=3, latency_samples=300)  # fmt: skip
+    result = run_tune(cfg, log=info)
+    table(f"tune {result['policy']} on local", TUNE_COLUMNS, table_rows(result))
+    c = result["choice"]
+    info(f"chosen: {c['name']} at {c['threads']} thread(s), {c['speedup_vs_fp32']:.2f}x onnx-fp32's p50, reward "
+         f"drop {c['drop_pct'] or 0:+.2f}%; its bundle: {out / 'bundle'} (quarl-edge gate {out / 'tune.json'})")  # fmt: skip
