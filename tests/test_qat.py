@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,8 +213,15 @@ def test_int4_onnx_export_keeps_weights_on_the_4bit_grid_and_runs_in_onnxruntime
         )
         w = fp32[layer].astype(np.float64)  # the policy's own fp32 weights, from the fp32 model
         assert len(np.unique(q)) > 8, (layer, np.unique(q))  # the 16-level grid is used, not a few levels
+
         # on the grid and the nearest point of it: each dequantized weight within half a step of fp32's
-        assert np.all(np.abs(w - scale * (q - zero)) <= scale / 2 + 1e-6 * np.abs(w).max()), layer
+        def nearest(q: np.ndarray, w: np.ndarray = w, scale: Any = scale, zero: Any = zero) -> bool:
+            return bool(np.all(np.abs(w - scale * (q - zero)) <= scale / 2 + 1e-6 * np.abs(w).max()))
+
+        assert nearest(q), layer
+        off = q.copy()
+        off.flat[int(np.argmax(np.abs(w)))] -= 1  # mutation: one weight a grid step off
+        assert not nearest(off), layer
     proc = cli("bench", "--bundle", tmp_path / "b", "--episodes", "5", "--latency-samples", "50",
                "--out", tmp_path / "r.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
