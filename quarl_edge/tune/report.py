@@ -84,7 +84,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 def write_outputs(
     result: dict[str, Any], cfg: Any, policy: Any, device: dict[str, Any], transport: Any
 ) -> list[Path]:
-    """The choice benched once more against fp32 (the report gate reads), the files, the bundle."""
+    """The choice benched once more against fp32 on every seed its verdict used (so `gate tune.json`
+    judges what tune judged), the files, the bundle."""
     out: Path = cfg.out
     if result["choice"] is None:
         closest = sorted((r for r in result["candidates"] if r.get("drop_pct") is not None),
@@ -96,7 +97,8 @@ def write_outputs(
              out / "tune.png", claim(out / "bundle", BUNDLE, name="the tuned bundle")]  # fmt: skip
     c = result["choice"]
     models = () if c["name"] == result["reference"] else (c["name"],)
-    report = bench(Path(result["bundle"]), BenchConfig(episodes=cfg.episodes, seed=cfg.seed, threads=c["threads"],
+    episodes = c.get("episodes") or cfg.episodes  # the first seeds and a close call's fresh ones follow on
+    report = bench(Path(result["bundle"]), BenchConfig(episodes=episodes, seed=cfg.seed, threads=c["threads"],
                                                         latency_samples=cfg.latency_samples, models=models),
                    device=device, transport=transport)  # fmt: skip
     report["tune"] = {k: v for k, v in result.items() if k != "bundle"}

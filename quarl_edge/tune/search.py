@@ -342,7 +342,9 @@ def _closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]], by_na
             break
         drift = s.state.get("closed", name) or s.state.put("closed", name, _reward(s, bundle, name, cfg.seed,
                                                                                cfg.episodes, device, transport))  # fmt: skip
-        row.update(drop_pct=drift["drop_pct"], drop_ci95_pct=drift["drop_ci95_pct"])
+        row.update(
+            drop_pct=drift["drop_pct"], drop_ci95_pct=drift["drop_ci95_pct"], episodes_judged=cfg.episodes
+        )
         ok = drift["drop_pct"] <= cfg.max_reward_drop_pct
         lo, hi = drift["drop_ci95_pct"]
         # a close call either way: the paired interval holds the limit, so these episodes cannot tell;
@@ -353,7 +355,7 @@ def _closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]], by_na
             n1, n2 = cfg.episodes, cfg.confirm_episodes
             pooled = (drift["drop_pct"] * n1 + more["drop_pct"] * n2) / (n1 + n2)
             ok = pooled <= cfg.max_reward_drop_pct
-            row.update(confirm_drop_pct=pooled, confirm_episodes=n1 + n2)
+            row.update(confirm_drop_pct=pooled, confirm_episodes=n1 + n2, episodes_judged=n1 + n2)
         limit = f"{cfg.max_reward_drop_pct:g}%"
         if ok:
             shown = row.get("confirm_drop_pct", row["drop_pct"])
@@ -396,4 +398,4 @@ def _choice(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     speed = ref["p50_us"] / row["p50_us"] if row.get("p50_us") and ref.get("p50_us") else None
     return {"name": row["name"], "threads": row["threads"], "p50_us": row["p50_us"], "p99_us": row["p99_us"],
             "speedup_vs_fp32": speed, "drop_pct": row.get("confirm_drop_pct", row.get("drop_pct")),
-            "why": row.get("why")}  # fmt: skip
+            "episodes": row.get("episodes_judged"), "why": row.get("why")}  # fmt: skip
