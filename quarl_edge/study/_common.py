@@ -155,16 +155,17 @@ STUDY_TITLES = ("# PTQ study", "# QAT vs PTQ", "# ActorQ study")
 
 
 def _is_study_json(path: Path) -> bool:
-    from quarl_edge.outputs import json_format
-
-    fmt = json_format(path)
-    if isinstance(fmt, str) and fmt.startswith("quarl-edge/study"):
-        return True
-    try:  # actorq.json of earlier versions carries no format field
-        data = json.loads(path.read_text()) if path.stat().st_size < 2**26 else None
+    try:
+        data = json.loads(path.read_bytes()) if path.stat().st_size < 2**26 else None
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and {"suite", "runs", "rows"} <= set(data)
+    if not isinstance(data, dict):
+        return False
+    fmt = data.get("format")
+    # actorq.json of earlier versions carries no format field: recognised by its keys
+    return (isinstance(fmt, str) and fmt.startswith("quarl-edge/study")) or {"suite", "runs", "rows"} <= set(
+        data
+    )
 
 
 def _starts_with(prefixes: Sequence[str]) -> Callable[[Path], bool]:

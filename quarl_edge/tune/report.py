@@ -14,6 +14,7 @@ from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.outputs import BUNDLE, Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.study._common import markdown_table
 from quarl_edge.text import md_cell
 from quarl_edge.tune.candidates import Candidate
 
@@ -45,9 +46,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"Chosen: **{md_cell(c['name'])}** at {c['threads']} thread(s), p50 {c['p50_us']:.1f} us "
              f"({c['speedup_vs_fp32']:.2f}x fp32), reward drop {c['drop_pct'] or 0:+.2f}%: {md_cell(c['why'] or '')}.",
              f"Search: {result['search_s']} s; {len(result['candidates'])} candidates; gate: reward drop <= "
-             f"{result['settings']['max_reward_drop_pct']:g}%.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
-    lines += ["| " + " | ".join(md_cell(x) for x in r) + " |" for r in table_rows(result)]
+             f"{result['settings']['max_reward_drop_pct']:g}%.", ""]  # fmt: skip
+    lines += markdown_table(COLUMNS, [[md_cell(x) for x in r] for r in table_rows(result)])
     lines += [f"- {md_cell(n)}" for n in result.get("notes") or []]
     return "\n".join(lines) + "\n"
 

@@ -145,6 +145,8 @@ class Search:
     reference: str = "onnx-fp32"
     ref_actions: Any = None
     notes: list[str] = field(default_factory=list)
+    trace: Any = None
+    manifests: dict[Path, Any] = field(default_factory=dict)
 
     def over_budget(self) -> bool:
         return time.monotonic() > self.deadline
@@ -154,9 +156,13 @@ class Search:
     def agreement(self, bundle: Path, model: str) -> float:
         from quarl_edge.bench.run import _agreement
 
-        trace = load_trace(self.trace_path)
-        manifest = load_manifest(bundle)
-        actions = PolicyRunner(bundle, model, threads=1, manifest=manifest).replay(trace).actions
+        # the trace and each bundle's manifest (its hash check covers every model) are read once
+        if self.trace is None:
+            self.trace = load_trace(self.trace_path)
+        if bundle not in self.manifests:
+            self.manifests[bundle] = load_manifest(bundle)
+        manifest = self.manifests[bundle]
+        actions = PolicyRunner(bundle, model, threads=1, manifest=manifest).replay(self.trace).actions
         a = _agreement(manifest, self.ref_actions.tolist(), actions.tolist())
         return float(a["value"]) if a else 0.0
 
@@ -236,7 +242,8 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None) -> dict[str, Any]:
         cfg, log, policy, trace_path, state, work, t0 + cfg.budget_min * 60, reference=f"{formats[0]}-fp32"
     )
     ref_bundle = s.export("reference", (), (s.reference,))
-    s.ref_actions = PolicyRunner(ref_bundle, s.reference, threads=1).replay(load_trace(trace_path)).actions
+    s.trace = load_trace(trace_path)
+    s.ref_actions = PolicyRunner(ref_bundle, s.reference, threads=1).replay(s.trace).actions
 
     cands = grid(formats)
     for fmt in formats:
