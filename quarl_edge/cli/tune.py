@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from quarl_edge.cli._options import (
+    AddressOpt,
     AlgoOpt,
     EnvOpt,
     HostOpt,
@@ -17,10 +18,11 @@ from quarl_edge.cli._options import (
     PortOpt,
     UserOpt,
     VecNormOpt,
+    name_list,
     out_option,
     overrides,
 )
-from quarl_edge.cli._output import handle_errors, info, print_json, table
+from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, table
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +40,7 @@ def tune(
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
     episodes: Annotated[int, typer.Option("--episodes", help="paired closed-loop episodes per candidate")] = 20,
     max_threads: Annotated[int | None, typer.Option("--max-threads", help="default: the device's cores")] = None,
+    kinds: Annotated[str | None, typer.Option("--kinds", help="candidate families, e.g. int8-layers (default: all)")] = None,
     host: HostOpt = None,
     user: UserOpt = None,
     port: PortOpt = None,
@@ -45,22 +48,30 @@ def tune(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    address: AddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
     from quarl_edge.gate import parse_percent
-    from quarl_edge.tune.report import COLUMNS, table_rows
-    from quarl_edge.tune.search import TuneConfig, run_tune
+    from quarl_edge.tune.report import columns, table_rows
+    from quarl_edge.tune.search import STAGES, TuneConfig, run_tune
 
     cfg = TuneConfig(policy=policy, out=out, device=device, overrides=overrides(host, user, port, identity),
                      max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, budget_min=budget_min, calibration=calibration, episodes=episodes,
-                     max_threads=max_threads, env=env, algo=algo, vecnormalize=vecnormalize)  # fmt: skip
-    result = run_tune(cfg, log=info)
+                     max_threads=max_threads, env=env, algo=algo, vecnormalize=vecnormalize,
+                     address=address, kinds=name_list(kinds))  # fmt: skip
+    with progress_bar("tune", STAGES) as advance:
+        result = run_tune(cfg, log=info, stage=advance)
     if as_json:
         print_json(result)
         return
-    table(f"tune {result['policy']} on {result['device']['name']}", COLUMNS, table_rows(result))
+    emulated = " (emulated)" if result["device"].get("emulated") else ""
+    table(
+        f"tune {result['policy']} on {result['device']['name']}{emulated}",
+        columns(result),
+        table_rows(result),
+    )
     c = result["choice"]
     info(f"chosen: {c['name']} at {c['threads']} thread(s), {c['speedup_vs_fp32']:.2f}x fp32's p50; "
          f"search {result['search_s']} s; next: quarl-edge gate {out / 'tune.json'}")  # fmt: skip

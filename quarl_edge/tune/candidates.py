@@ -1,5 +1,6 @@
-"""The deployable variants tune searches: format x precision x int8 calibration x layers kept in float
-(and, measured on the device, x thread count). Each is one model of the candidates bundle."""
+"""The deployable variants tune searches: format x precision x int8 calibration x layers kept in float x
+runtime options that change speed (ONNX activation type, per-channel weights), and, measured on the
+device, x thread count. Each is one model of the candidates bundle."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from quarl_edge.bundle import Variant
 from quarl_edge.exporters.base import CALIBRATION_METHODS, ExportConfig
 
 PRECISIONS = ("fp32", "fp16", "int8")
+KINDS = ("fp32", "fp16", "int8-default", "int8-options", "int8-layers")
+"""candidate families (--kinds): int8-default is every calibration method with the exporters' default
+split, int8-options the runtime options, int8-layers the per-layer search's splits"""
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,10 @@ class Candidate:
     precision: str
     method: str = "minmax"
     float_layers: tuple[str, ...] | None = None
+    activation: str = "S8S8"
+    """ONNX int8 activation type (S8S8 or U8S8); TFLite's integer kernels take int8"""
+    per_channel: bool | None = None
+    """per-channel weight scales; None: the exporter's default for the model"""
     origin: str = ""
     """how the variant came about (the per-layer search says which layers it kept in float and why)"""
 
@@ -32,24 +40,51 @@ class Candidate:
         if self.precision != "int8":
             return self.target
         layers = "" if self.float_layers is None else "-float[" + ",".join(self.float_layers) + "]"
-        return f"{self.target}-{self.method}{layers}"
+        act = "-u8s8" if self.activation == "U8S8" else ""
+        pc = {None: "", True: "-per-channel", False: "-per-tensor"}[self.per_channel]
+        return f"{self.target}-{self.method}{layers}{act}{pc}"
+
+    @property
+    def kind(self) -> str:
+        if self.precision != "int8":
+            return self.precision
+        if self.float_layers is not None:
+            return "int8-layers"
+        return "int8-default" if self.activation == "S8S8" and self.per_channel is None else "int8-options"
 
     def variant(self) -> Variant:
-        cfg = ExportConfig(calibration_method=self.method, float_layers=self.float_layers)
+        cfg = ExportConfig(calibration_method=self.method, float_layers=self.float_layers,
+                           activation_type=self.activation, per_channel=self.per_channel)  # fmt: skip
         return Variant(self.name, self.target, cfg)
 
     def to_dict(self) -> dict[str, Any]:
+        int8 = self.precision == "int8"
         return {"name": self.name, "format": self.format, "precision": self.precision,
-                "calibration": self.method if self.precision == "int8" else None,
+                "calibration": self.method if int8 else None,
                 "float_layers": list(self.float_layers) if self.float_layers is not None else "default",
+                "activation": self.activation if int8 and self.format == "onnx" else None,
+                "per_channel": self.per_channel if int8 else None, "kind": self.kind,
                 "origin": self.origin}  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+        layers = d.get("float_layers", "default")
+        return cls(d["format"], d["precision"], d.get("calibration") or "minmax",
+                   None if layers == "default" else tuple(layers), d.get("activation") or "S8S8",
+                   d.get("per_channel"), d.get("origin") or "")  # fmt: skip
 
-def grid(formats: tuple[str, ...]) -> list[Candidate]:
-    """fp32 and fp16 of each format, int8 of each with every calibration method (default float layers).
-    The first is the reference every other is compared with (fp32 of the first format)."""
+
+def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
+    """fp32 and fp16 of each format, int8 of each with every calibration method (default float layers),
+    and the runtime options that change an int8 model's kernels: ONNX uint8 activations (U8S8, what ORT
+    prefers on x86 without VNNI) and the other weight granularity (per-channel for an MLP, per-tensor for
+    a CNN; TFLite per-tensor). The first is the reference every other is compared with."""
     out = []
     for fmt in formats:
         out += [Candidate(fmt, "fp32"), Candidate(fmt, "fp16")]
         out += [Candidate(fmt, "int8", m) for m in CALIBRATION_METHODS]
+        if fmt == "onnx":
+            out += [Candidate(fmt, "int8", activation="U8S8"), Candidate(fmt, "int8", per_channel=not cnn)]
+        else:
+            out.append(Candidate(fmt, "int8", per_channel=False))
     return out

@@ -23,6 +23,27 @@ TUNE_MARKDOWN = Kind("tune summary", False, text_starts_with(TITLE))
 COLUMNS = ("candidate", "threads", "p50 us", "p99 us", "agree", "drop %", "verdict", "why")
 
 
+def columns(result: dict[str, Any]) -> tuple[str, ...]:
+    """COLUMNS, the latency ones marked emulated when the device is (qemu's timing, not the board's)."""
+    if not result["device"].get("emulated"):
+        return COLUMNS
+    return tuple(f"{c} (emulated)" if c.endswith(" us") else c for c in COLUMNS)
+
+
+def layer_lines(result: dict[str, Any]) -> list[str]:
+    """The per-layer search's evidence: which layers it kept in float and why."""
+    out = []
+    for ev in result.get("layer_search") or []:
+        ranked = ", ".join(f"{md_cell(k)} {v:.3f}" for k, v in ev["alone"].items())
+        steps = "; ".join(
+            f"{md_cell(','.join(st['float_layers']))} in float {st['agreement']:.3f}" for st in ev["steps"]
+        )
+        out.append(f"- {md_cell(ev['format'])} int8, every layer: agreement {ev['all_int8']:.3f} (proxy {ev['proxy']:g})"
+                   + (f"; sensitivity (agreement with only that layer int8): {ranked}" if ranked else "")
+                   + (f"; greedy steps: {steps}" if steps else "") + f": {md_cell(ev.get('result', ''))}")  # fmt: skip
+    return out
+
+
 class NothingPasses(QuarlError):
     """No candidate passes the gate: exit 1 (like a failed gate), the closest ones named."""
 
@@ -47,8 +68,10 @@ def markdown(result: dict[str, Any]) -> str:
              f"({c['speedup_vs_fp32']:.2f}x fp32), reward drop {c['drop_pct'] or 0:+.2f}%: {md_cell(c['why'] or '')}.",
              f"Search: {result['search_s']} s; {len(result['candidates'])} candidates; gate: reward drop <= "
              f"{result['settings']['max_reward_drop_pct']:g}%.", ""]  # fmt: skip
-    lines += markdown_table(COLUMNS, [[md_cell(x) for x in r] for r in table_rows(result)])
-    lines += [f"- {md_cell(n)}" for n in result.get("notes") or []]
+    lines += markdown_table(columns(result), [[md_cell(x) for x in r] for r in table_rows(result)])
+    layers = layer_lines(result)
+    lines += ["", "Per-layer search (from every layer int8):", *layers] if layers else []
+    lines += ["", *(f"- {md_cell(n)}" for n in result["notes"])] if result.get("notes") else []
     return "\n".join(lines) + "\n"
 
 
@@ -105,10 +128,7 @@ def write_outputs(
     atomic_write_json(files[0], finite_json(report))
     atomic_write_text(files[1], markdown(result))
     plot(result, files[2])
-    cand = next(Candidate(**{k: v for k, v in r.items() if k in ("format", "precision")},
-                          method=r.get("calibration") or "minmax",
-                          float_layers=None if r["float_layers"] == "default" else tuple(r["float_layers"]))
-                for r in result["candidates"] if r["name"] == c["name"])  # fmt: skip
+    cand = next(Candidate.from_dict(r) for r in result["candidates"] if r["name"] == c["name"])
     variants = () if c["name"] == result["reference"] else (cand.variant(),)
     tune_block = {"chosen": c["name"], "threads": c["threads"], "device": device["name"],
                   "emulated": device.get("emulated", False), "evidence": c}  # fmt: skip

@@ -1,0 +1,125 @@
+"""tune's device stages: latency of every candidate at every thread count (one model at a time on the
+device), then closed-loop paired-seed reward, fastest first, with a close call re-checked on fresh seeds;
+the first that passes is the choice (fp32 passes by definition, so it is never slower than fp32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.runtimes.errors import QuarlError
+
+if TYPE_CHECKING:
+    from quarl_edge.tune.search import Search
+
+
+def latency(s: Search, bundle: Path, threads: list[int], rows: dict[str, dict[str, Any]], device: dict[str, Any],
+             transport: Any) -> None:  # fmt: skip
+    for t in threads:
+        if s.over_budget() and t > 1:
+            s.notes.append(f"budget reached: latency not measured beyond {t - 1} thread(s)")
+            break
+        missing = [n for n in rows if s.state.get("latency", f"{n}@{t}") is None]
+        if missing:
+            cfg = BenchConfig(episodes=0, threads=t, latency_samples=s.cfg.latency_samples, seed=s.cfg.seed,
+                              models=tuple(missing))  # fmt: skip
+            report = bench(bundle, cfg, device=device, transport=transport)
+            for m in report["models"]:
+                if m["name"] not in missing:
+                    continue  # the bench adds the reference; its measurement stands as first made
+                lat = m.get("latency") or {}
+                s.state.put(
+                    "latency", f"{m['name']}@{t}", {"p50_us": lat.get("p50_us"), "p99_us": lat.get("p99_us")}
+                )
+        for n, row in rows.items():
+            row.setdefault("latency", {})[str(t)] = s.state.get("latency", f"{n}@{t}")
+    for row in rows.values():
+        lat = {t: v for t, v in row["latency"].items() if v and v.get("p50_us")}
+        best = min(lat, key=lambda t: lat[t]["p50_us"]) if lat else None
+        row["threads"] = int(best) if best else None
+        row["p50_us"] = lat[best]["p50_us"] if best else None
+        row["p99_us"] = lat[best]["p99_us"] if best else None
+
+
+def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
+                 device: dict[str, Any], transport: Any) -> dict[str, Any] | None:  # fmt: skip
+    cfg = s.cfg
+    ref = rows[s.reference]
+    ref.update(verdict="pass", why="the fp32 reference", drop_pct=0.0)
+    order = sorted((r for r in rows.values() if r.get("p50_us")), key=lambda r: r["p50_us"])
+    for row in order:
+        name = row["name"]
+        if name == s.reference:
+            break  # nothing faster passed: the reference is the choice
+        if cfg.max_p99_ms is not None and row["p99_us"] > cfg.max_p99_ms * 1000:
+            row.update(verdict="rejected", why=f"p99 {row['p99_us'] / 1000:.3f} ms > {cfg.max_p99_ms:g} ms")
+            continue
+        if cfg.min_agreement is not None and (row.get("agreement") or 0) < cfg.min_agreement:
+            row.update(
+                verdict="rejected", why=f"agreement {row['agreement']:.3f} < {cfg.min_agreement:g} (screen)"
+            )
+            continue
+        if s.over_budget():
+            row.update(verdict="not judged", why="the time budget ran out")
+            s.notes.append("budget reached before every faster candidate was judged in closed loop")
+            break
+        drift = s.state.get("closed", name) or s.state.put("closed", name, _reward(s, bundle, name, cfg.seed,
+                                                                               cfg.episodes, device, transport))  # fmt: skip
+        row.update(
+            drop_pct=drift["drop_pct"], drop_ci95_pct=drift["drop_ci95_pct"], episodes_judged=cfg.episodes
+        )
+        ok = drift["drop_pct"] <= cfg.max_reward_drop_pct
+        lo, hi = drift["drop_ci95_pct"]
+        # a close call either way: the paired interval holds the limit, so these episodes cannot tell;
+        # fresh seeds decide, on all the episodes together
+        if lo <= cfg.max_reward_drop_pct <= hi and cfg.confirm_episodes > 0 and not s.over_budget():
+            more = s.state.get("confirm", name) or s.state.put("confirm", name, _reward(
+                s, bundle, name, cfg.seed + cfg.episodes, cfg.confirm_episodes, device, transport))  # fmt: skip
+            n1, n2 = cfg.episodes, cfg.confirm_episodes
+            pooled = (drift["drop_pct"] * n1 + more["drop_pct"] * n2) / (n1 + n2)
+            ok = pooled <= cfg.max_reward_drop_pct
+            row.update(confirm_drop_pct=pooled, confirm_episodes=n1 + n2, episodes_judged=n1 + n2)
+        limit = f"{cfg.max_reward_drop_pct:g}%"
+        if ok:
+            shown = row.get("confirm_drop_pct", row["drop_pct"])
+            again = f" over {row.get('confirm_episodes')} episodes (a close call, re-checked on fresh seeds)"
+            row.update(verdict="pass", why=f"reward drop {shown:+.2f}% <= {limit}" + (again if "confirm_drop_pct" in row else ""))  # fmt: skip
+            _slower(rows, row)
+            return _choice(row, ref)
+        row.update(
+            verdict="rejected",
+            why=f"reward drop {row.get('confirm_drop_pct', row['drop_pct']):+.2f}% > {limit}",
+        )
+    if cfg.max_p99_ms is not None and ref["p99_us"] and ref["p99_us"] > cfg.max_p99_ms * 1000:
+        ref.update(verdict="rejected", why=f"p99 {ref['p99_us'] / 1000:.3f} ms > {cfg.max_p99_ms:g} ms")
+        return None
+    _slower(rows, ref)
+    return _choice(ref, ref)
+
+
+def _slower(rows: dict[str, dict[str, Any]], chosen: dict[str, Any]) -> None:
+    for r in rows.values():
+        if "verdict" not in r and r.get("p50_us") and r["p50_us"] >= chosen["p50_us"]:
+            r.update(verdict="not needed", why=f"slower than {chosen['name']}, which passed")
+
+
+def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device: dict[str, Any],
+            transport: Any) -> dict[str, Any]:  # fmt: skip
+    s.log(f"closed loop: {name} vs {s.reference}, {episodes} paired episodes from seed {seed}")
+    report = bench(bundle, BenchConfig(episodes=episodes, seed=seed, threads=1, latency_samples=0, models=(name,)),
+                   device=device, transport=transport)  # fmt: skip
+    m = next(m for m in report["models"] if m["name"] == name)
+    d = m.get("drift") or {}
+    if d.get("reward_drop_pct") is None:
+        raise QuarlError(f"no paired episodes for {name}", "run again; the runner reported none")
+    lo, hi = d["rel_ci95"]
+    return {"drop_pct": d["reward_drop_pct"], "drop_ci95_pct": [-100 * hi, -100 * lo], "episodes": episodes,
+            "mean": m["reward"]["mean"], "ref_mean": next(x for x in report["models"] if x["name"] == s.reference)["reward"]["mean"]}  # fmt: skip
+
+
+def _choice(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    speed = ref["p50_us"] / row["p50_us"] if row.get("p50_us") and ref.get("p50_us") else None
+    return {"name": row["name"], "threads": row["threads"], "p50_us": row["p50_us"], "p99_us": row["p99_us"],
+            "speedup_vs_fp32": speed, "drop_pct": row.get("confirm_drop_pct", row.get("drop_pct")),
+            "episodes": row.get("episodes_judged"), "why": row.get("why")}  # fmt: skip

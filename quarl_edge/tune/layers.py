@@ -1,0 +1,131 @@
+"""tune's per-layer fallback: from every compute layer int8, rank the layers by sensitivity (the action
+agreement on the recorded states when that layer alone is int8, as OpenVINO's accuracy-aware method ranks
+them, judged by the policy's own actions) and put the most sensitive back in float, greedily, until the
+cheap proxy passes. When no split reaches the proxy (a DQN's near-tie Q-values make exact-match agreement
+a poor guide: LunarLander DQN's int8 models agree on 37-66% of states and keep their reward), every greedy
+step goes to the closed loop, which judges them by reward, fastest first.
+
+The probes (one export + one replay each) are independent, so the sensitivity probes fan out as Ray tasks
+when Ray is installed (local by default, ``--address`` for a cluster), as ``study ptq`` does."""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quarl_edge.bundle import BundleRequest, Variant, export_bundle
+from quarl_edge.exporters.base import compute_layers, quantized_layers
+from quarl_edge.policy.net import Policy
+from quarl_edge.runtimes.manifest import Manifest, load_manifest
+from quarl_edge.runtimes.runner import PolicyRunner
+from quarl_edge.runtimes.trace import Trace, load_trace
+from quarl_edge.tune.candidates import Candidate
+
+Probe = Callable[[Sequence[Candidate]], dict[str, float]]
+"""agreement with fp32 for each candidate, by name (cached measurements are not redone)"""
+
+
+def agreement(manifest: Manifest, ref: np.ndarray, actions: np.ndarray) -> float:
+    from quarl_edge.bench.run import _agreement
+
+    a = _agreement(manifest, ref.tolist(), actions.tolist())
+    return float(a["value"]) if a else 0.0
+
+
+def model_agreement(bundle: Path, model: str, manifest: Manifest, trace: Trace, ref: np.ndarray) -> float:
+    actions = PolicyRunner(bundle, model, threads=1, manifest=manifest).replay(trace).actions
+    return agreement(manifest, ref, actions)
+
+
+def probe_task(policy: Policy, variant: Variant, trace_bytes: bytes, ref: np.ndarray) -> float:
+    """One probe, self-contained so it runs as a Ray task anywhere: export the variant alone, replay the
+    recorded states, agreement with fp32's actions."""
+    with tempfile.TemporaryDirectory(prefix="quarl-tune-probe-") as tmp:
+        trace_path = Path(tmp) / "trace.npz"
+        trace_path.write_bytes(trace_bytes)
+        out = Path(tmp) / "bundle"
+        export_bundle(policy, BundleRequest(out=out, targets=(), variants=(variant,), calibration=trace_path))
+        return model_agreement(out, variant.name, load_manifest(out), load_trace(trace_path), ref)
+
+
+def fan_out(
+    policy: Policy, trace_path: Path, ref: np.ndarray, address: str | None
+) -> Callable[[list[Variant]], list[float]]:
+    """Run probes as Ray tasks when Ray is installed (and more than one is asked for), else in process."""
+    trace_bytes = trace_path.read_bytes()
+
+    def run(variants: list[Variant]) -> list[float]:
+        if len(variants) < 2 or importlib.util.find_spec("ray") is None:
+            return [probe_task(policy, v, trace_bytes, ref) for v in variants]
+        from quarl_edge.study._common import ray_session
+
+        with ray_session(address) as ray:
+            task = ray.remote(num_cpus=1)(probe_task)
+            shared = [ray.put(x) for x in (policy, trace_bytes, ref)]
+            return [
+                float(x) for x in ray.get([task.remote(shared[0], v, shared[1], shared[2]) for v in variants])
+            ]
+
+    return run
+
+
+def default_float_layers(policy: Policy) -> tuple[str, ...]:
+    return tuple(quantized_layers(policy, True)[1])
+
+
+def layer_search(policy: Policy, fmt: str, proxy: float, probe: Probe, over_budget: Callable[[], bool],
+                 log: Callable[[str], None]) -> tuple[list[Candidate], dict[str, Any]]:  # fmt: skip
+    """The per-layer search's candidates for one format, and its evidence (for the report)."""
+    layers = compute_layers(policy)
+
+    def split(float_layers: tuple[str, ...], origin: str = "") -> Candidate:
+        # graph order, so one split has one name (and matches the default split when it is that)
+        in_order = tuple(x for x in layers if x in float_layers)
+        return Candidate(fmt, "int8", float_layers=in_order, origin=origin)
+
+    every = split(())
+    all_int8 = probe([every])[every.name]
+    evidence: dict[str, Any] = {"format": fmt, "proxy": proxy, "all_int8": all_int8, "alone": {}, "steps": []}
+    log(f"{fmt} int8, every layer: agreement {all_int8:.3f} (proxy {proxy:g})")
+    if all_int8 >= proxy:
+        evidence["result"] = "every layer int8 passes the proxy"
+        return [split((), f"every layer int8: agreement {all_int8:.3f} >= {proxy:g}")], evidence
+    only = {lay: split(tuple(x for x in layers if x != lay)) for lay in layers}
+    measured = probe(list(only.values()))
+    alone = {lay: measured[c.name] for lay, c in only.items()}
+    ranked = sorted(layers, key=lambda lay: alone[lay])
+    evidence["alone"] = {lay: alone[lay] for lay in ranked}
+    log("layer sensitivity (agreement with only that layer int8): "
+        + ", ".join(f"{lay} {alone[lay]:.3f}" for lay in ranked))  # fmt: skip
+    steps: list[tuple[tuple[str, ...], float]] = [((), all_int8)]
+    kept: list[str] = []
+    for lay in ranked[:-1]:  # all-float is the fp32 model
+        if over_budget():
+            evidence["result"] = "the time budget ran out during the greedy steps"
+            break
+        kept.append(lay)
+        c = split(tuple(kept))
+        value = probe([c])[c.name]
+        steps.append((tuple(kept), value))
+        evidence["steps"].append({"float_layers": list(kept), "agreement": value})
+        if value >= proxy:
+            why = (f"all-int8 agreement {all_int8:.3f} < {proxy:g}; most sensitive "
+                   + ", ".join(f"{k} (alone {alone[k]:.3f})" for k in kept) + f" kept in float: {value:.3f}")  # fmt: skip
+            log(f"{fmt} int8 with {', '.join(kept)} in float: agreement {value:.3f}")
+            evidence["result"] = f"{', '.join(kept)} in float pass the proxy"
+            return [split(tuple(kept), why)], evidence
+    evidence.setdefault("result", "no split passes the proxy: every greedy step is judged by reward")
+    log(
+        f"{fmt} int8: no split reaches the proxy {proxy:g}; the closed loop judges the {len(steps)} greedy steps"
+    )
+    out = []
+    for fl, value in steps:
+        kept_txt = ", ".join(f"{k} (alone {alone[k]:.3f})" for k in fl) or "no layer"
+        out.append(split(fl, f"greedy step {len(fl)}: {kept_txt} in float, agreement {value:.3f} < proxy "
+                             f"{proxy:g}; judged by reward"))  # fmt: skip
+    return out, evidence
