@@ -77,7 +77,7 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
             more = s.state.get("confirm", name) or s.state.put("confirm", name, _reward(
                 s, bundle, name, cfg.seed + cfg.episodes, cfg.confirm_episodes, device, transport))  # fmt: skip
             n1, n2 = cfg.episodes, cfg.confirm_episodes
-            pooled = (drift["drop_pct"] * n1 + more["drop_pct"] * n2) / (n1 + n2)
+            pooled = _pooled_drop(drift, more, n1, n2)
             ok = pooled <= cfg.max_reward_drop_pct
             row.update(confirm_drop_pct=pooled, confirm_episodes=n1 + n2, episodes_judged=n1 + n2)
         limit = f"{cfg.max_reward_drop_pct:g}%"
@@ -96,6 +96,16 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
         return None
     _slower(rows, ref)
     return _choice(ref, ref)
+
+
+def _pooled_drop(a: dict[str, Any], b: dict[str, Any], n1: int, n2: int) -> float:
+    """The drop over all n1 + n2 episodes, as one bench of them all reports it (from the pooled means;
+    the mean of two percentages is not one when the means differ), so `gate tune.json` agrees."""
+    ref = (a["ref_mean"] * n1 + b["ref_mean"] * n2) / (n1 + n2)
+    mean = (a["mean"] * n1 + b["mean"] * n2) / (n1 + n2)
+    if ref == 0:
+        return float((a["drop_pct"] * n1 + b["drop_pct"] * n2) / (n1 + n2))
+    return float(100.0 * (ref - mean) / abs(ref))
 
 
 def _slower(rows: dict[str, dict[str, Any]], chosen: dict[str, Any]) -> None:
