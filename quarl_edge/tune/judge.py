@@ -84,7 +84,7 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
         if ok:
             shown = row.get("confirm_drop_pct", row["drop_pct"])
             again = f" over {row.get('confirm_episodes')} episodes (a close call, re-checked on fresh seeds)"
-            row.update(verdict="pass", why=f"reward drop {shown:+.2f}% <= {limit}" + (again if "confirm_drop_pct" in row else ""))  # fmt: skip
+            row.update(verdict="pass", why=f"reward drop {shown + 0.0:+.2f}% <= {limit}" + (again if "confirm_drop_pct" in row else ""))  # fmt: skip
             _slower(rows, row)
             return _choice(row, ref)
         row.update(

@@ -50,13 +50,19 @@ class NothingPasses(QuarlError):
     exit_code = 1
 
 
+def _judged_drop(r: dict[str, Any]) -> float | None:
+    """The drop the verdict rests on (all episodes of a close call); +0.0 so no '-0.00' is shown."""
+    d = r.get("confirm_drop_pct", r.get("drop_pct"))
+    return None if d is None else d + 0.0
+
+
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
     def f(v: Any, spec: str) -> str:
         return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
     order = sorted(result["candidates"], key=lambda r: (r.get("p50_us") is None, r.get("p50_us") or 0))
     return [[r["name"], f(r.get("threads"), "d"), f(r.get("p50_us"), ".1f"), f(r.get("p99_us"), ".1f"),
-             f(r.get("agreement"), ".3f"), f(r.get("drop_pct"), "+.2f"), r.get("verdict", "not judged"),
+             f(r.get("agreement"), ".3f"), f(_judged_drop(r), "+.2f"), r.get("verdict", "not judged"),
              r.get("why") or ""] for r in order]  # fmt: skip
 
 
@@ -65,7 +71,7 @@ def markdown(result: dict[str, Any]) -> str:
     emulated = " (emulated: latency is qemu's, not the board's)" if d.get("emulated") else ""
     lines = [f"{TITLE} {md_cell(str(result['policy']))} on {md_cell(d['name'])}{emulated}", "",
              f"Chosen: **{md_cell(c['name'])}** at {c['threads']} thread(s), p50 {c['p50_us']:.1f} us "
-             f"({c['speedup_vs_fp32']:.2f}x fp32), reward drop {c['drop_pct'] or 0:+.2f}%: {md_cell(c['why'] or '')}.",
+             f"({c['speedup_vs_fp32']:.2f}x fp32), reward drop {(c['drop_pct'] or 0) + 0.0:+.2f}%: {md_cell(c['why'] or '')}.",
              f"Search: {result['search_s']} s; {len(result['candidates'])} candidates; gate: reward drop <= "
              f"{result['settings']['max_reward_drop_pct']:g}%.", ""]  # fmt: skip
     lines += markdown_table(columns(result), [[md_cell(x) for x in r] for r in table_rows(result)])
