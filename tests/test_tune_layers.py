@@ -38,7 +38,9 @@ def layers_of(policy) -> list[str]:  # type: ignore[no-untyped-def]
 
 def test_all_int8_passing_the_proxy_is_the_only_candidate(policy) -> None:  # type: ignore[no-untyped-def]
     calls: list[str] = []
-    found, ev = layer_search(policy, "onnx", 0.9, table_probe({(): 0.95}, calls), lambda: False, lambda _m: None)
+    found, ev = layer_search(
+        policy, "onnx", 0.9, table_probe({(): 0.95}, calls), lambda: False, lambda _m: None
+    )
     assert [c.float_layers for c in found] == [()] and calls == ["onnx-int8-minmax-float[]"]
     assert ev["result"] == "every layer int8 passes the proxy"
 
@@ -50,7 +52,9 @@ def test_the_most_sensitive_layers_go_back_to_float_until_the_proxy_passes(polic
     values = {(): 0.5, tuple(sorted(rest[a])): 0.9, tuple(sorted(rest[b])): 0.99, tuple(sorted(rest[c])): 0.6,
               (c,): 0.93, tuple(sorted((a, c))): 0.99}  # fmt: skip
     calls: list[str] = []
-    found, ev = layer_search(policy, "tflite", 0.98, table_probe(values, calls), lambda: False, lambda _m: None)
+    found, ev = layer_search(
+        policy, "tflite", 0.98, table_probe(values, calls), lambda: False, lambda _m: None
+    )
     assert len(found) == 1 and set(found[0].float_layers or ()) == {a, c}
     assert found[0].float_layers == tuple(x for x in (a, b, c) if x in (a, c))  # graph order: one name
     assert list(ev["alone"]) == [c, a, b] and f"{c} (alone 0.600)" in found[0].origin
@@ -78,7 +82,9 @@ def test_the_grid_and_kinds(policy) -> None:  # type: ignore[no-untyped-def]
     cands = grid(("onnx", "tflite"), cnn=False)
     names = [c.name for c in cands]
     assert names[0] == "onnx-fp32" and len(names) == len(set(names))
-    assert {"onnx-int8-minmax-u8s8", "onnx-int8-minmax-per-channel", "tflite-int8-minmax-per-tensor"} <= set(names)
+    assert {"onnx-int8-minmax-u8s8", "onnx-int8-minmax-per-channel", "tflite-int8-minmax-per-tensor"} <= set(
+        names
+    )
     assert {c.kind for c in cands} == set(KINDS) - {"int8-layers"}
     for c in cands:  # the report's row rebuilds the same candidate (tune.json -> the chosen bundle)
         assert Candidate.from_dict(c.to_dict()) == c
