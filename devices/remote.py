@@ -18,7 +18,7 @@ import json
 import secrets
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,8 +96,11 @@ class SSHTransport:
             self.ssh.connect()
             self.harness["connect_s"] = self.ssh.connect_s
 
-    def prepare(self, bundle: Path | None = None, trace: Path | None = None) -> None:
-        """Connect, upload what the device lacks (runner, bundle, trace), read its facts. Idempotent."""
+    def prepare(self, bundle: Path | None = None, trace: Path | None = None,
+                preflight: Callable[[dict[str, Any], int], None] | None = None) -> None:  # fmt: skip
+        """Connect, upload what the device lacks (runner, bundle, trace), read its facts. Idempotent.
+        ``preflight(facts, bytes_to_upload)`` runs once the facts are known and before the bundle and
+        trace uploads: it raises to stop a bench the device cannot run (devices/preflight.py)."""
         self.connect()
         wanted: list[tuple[str, str]] = []  # (kind, remote path to probe)
         if bundle is not None and Path(bundle) not in self.bundles:
@@ -109,25 +112,37 @@ class SSHTransport:
             wanted.append(("trace", self.traces[Path(trace)]))
         probe = [self.runner_path] if not self.device_facts else []
         probe += [f"{r}/{COMPLETE}" if kind == "bundle" else r for kind, r in wanted]
+        present: dict[str, bool] = {}
         if probe:
             t0 = time.perf_counter()
             present = self._exists(probe)
             self.harness["cache_check_s"] = (self.harness["cache_check_s"] or 0.0) + time.perf_counter() - t0
+        if self.runner_path in present and not present[self.runner_path]:
             t0 = time.perf_counter()
-            if self.runner_path in present and not present[self.runner_path]:
-                rz = self.runner_zip()
-                self._upload_bytes(rz.data, self.runner_path, f"runner {rz.name}")
-            for kind, r in wanted:
-                if kind == "bundle" and not present[f"{r}/{COMPLETE}"]:
-                    self._upload_bundle(next(b for b in self.bundles.values() if b.remote == r))
-                elif kind == "trace" and not present[r]:
-                    local = next(p for p, rr in self.traces.items() if rr == r)
-                    self._upload_file(local, r, f"trace {local.name}")
+            rz = self.runner_zip()
+            self._upload_bytes(rz.data, self.runner_path, f"runner {rz.name}")
             self.harness["upload_s"] += time.perf_counter() - t0
         if not self.device_facts:
             t0 = time.perf_counter()
             self.device_facts = self._device_facts()
             self.harness["info_s"] = time.perf_counter() - t0
+        todo = [(k, r) for k, r in wanted if not present.get(f"{r}/{COMPLETE}" if k == "bundle" else r)]
+        if preflight is not None:
+            preflight(self.device_facts, sum(self._size(k, r) for k, r in todo))
+        t0 = time.perf_counter()
+        for kind, r in todo:
+            if kind == "bundle":
+                self._upload_bundle(next(b for b in self.bundles.values() if b.remote == r))
+            else:
+                local = next(p for p, rr in self.traces.items() if rr == r)
+                self._upload_file(local, r, f"trace {local.name}")
+        self.harness["upload_s"] += time.perf_counter() - t0
+
+    def _size(self, kind: str, remote: str) -> int:
+        if kind == "bundle":
+            cb = next(b for b in self.bundles.values() if b.remote == remote)
+            return sum((cb.local / rel).stat().st_size for rel in cb.files)
+        return next(p for p, rr in self.traces.items() if rr == remote).stat().st_size
 
     def _describe(self, bundle: Path) -> CachedBundle:
         manifest = load_manifest(bundle, verify=False)

@@ -57,6 +57,8 @@ def device_info() -> dict[str, Any]:
         "cores": _cores(),
         "runtimes": {},
     }
+    info["modules"] = _env_modules()
+    info["disk_free_bytes"] = _disk_free()
     for mod in ("numpy", "onnxruntime", "ai_edge_litert", "tflite_runtime", "gymnasium"):
         try:
             m = importlib.import_module(mod)
@@ -64,6 +66,37 @@ def device_info() -> dict[str, Any]:
         except Exception:  # any import failure means "not usable here"
             info["runtimes"][mod] = None
     return info
+
+
+def _env_modules() -> dict[str, bool]:
+    """Which env packages the device has (found, not imported: importing ale_py or mujoco takes seconds
+    on a board), for the host's pre-flight check before it measures anything."""
+    import importlib.util
+
+    try:
+        from .envs import ENV_MODULES
+    except ImportError:  # no numpy: the runner cannot run anyway, and the facts say so
+        return {}
+    out = {}
+    for mod in (*ENV_MODULES, "cv2"):
+        try:
+            out[mod] = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            out[mod] = False
+    return out
+
+
+def _disk_free() -> int | None:
+    """Free bytes where the runner lives (the device's cache, where bundles are uploaded)."""
+    import shutil
+
+    path = os.path.abspath(sys.argv[0] or ".")
+    while path and not os.path.isdir(path):  # the zipapp: .../cache/runner-x.pyz
+        path = os.path.dirname(path)
+    try:
+        return int(shutil.disk_usage(path or ".").free)
+    except OSError:
+        return None
 
 
 def _cores() -> int:

@@ -31,8 +31,10 @@ from typer.testing import CliRunner
 from quarl_edge.devices import emulate, hostsys, netns, profiles, rootfs, wheelhouse
 from quarl_edge.devices.setup import OpenSSH, venv_of
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.runtimes.fsutil import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
+POLICIES, CALIB = ROOT / "quarl_edge/assets/policies", ROOT / "calibration_data"
 HOSTILE = "we ird'$(touch PWNED);`id`\"x"
 
 
@@ -671,6 +673,27 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
               f"drop {d.get('reward_drop_pct', 0.0) or 0.0:+.2f}%  agree {a.get('value') or '-'}  {m['runtime']}")  # fmt: skip
     print(f"  {next(ln for ln in md.splitlines() if ln.startswith('Runtimes'))}")
     print(f"  harness: {json.dumps({k: v for k, v in report['harness'].items() if k != 'uploaded_files'})}")
+
+
+@pytest.mark.emulated
+@pytest.mark.timeout(1800)
+def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Status, tmp_path: Path) -> None:
+    """Pre-flight: a Pong bundle on a board without ale-py stops at once with the one `devices setup`
+    line that fixes it (not the host's pip advice after minutes of latency); a LunarLander bundle, whose
+    box2d has no aarch64 wheel, says so and what to do instead. Neither bundle is uploaded."""
+    cases = (("pong-dqn", "devices setup rpi4-emu --package ale-py --package opencv-python-headless"),
+             ("lunarlander-dqn", "needs box2d on rpi4-emu, which has no wheel for aarch64"))  # fmt: skip
+    for name, words in cases:
+        bundle = tmp_path / name
+        r = _qe("export", "--policy", POLICIES / name, "--calibration", CALIB / f"{name}.npz", "--to", "onnx-fp32",
+                "--out", bundle, timeout=600)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        r = _qe("bench", "--bundle", bundle, "--device", "rpi4-emu", "--episodes", "1", "--json")
+        assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+        last = r.stderr.strip().splitlines()[-1]
+        assert words in last and "nothing was measured" in last, last
+        sha = sha256_file(bundle / "manifest.json")
+        assert _ssh(board, f"test -e /root/.cache/quarl-edge/bundles/{sha}").returncode == 1
 
 
 @pytest.mark.emulated

@@ -27,6 +27,7 @@ import numpy as np
 
 from quarl_edge import __version__
 from quarl_edge.bench.partial import PartialBench
+from quarl_edge.devices.preflight import check_ready
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
@@ -244,8 +245,10 @@ def bench(
     runs: dict[str, dict[str, Any]] = {}
     try:
         prepare = getattr(transport, "prepare", None)
-        if prepare is not None:
-            prepare(bundle, cfg.trace)
+        if prepare is not None:  # a board: checked for what this bench needs before any upload
+            where = str(device.get("name") or "the device")
+            prepare(bundle, cfg.trace, preflight=lambda facts, nbytes: check_ready(
+                manifest, facts, where, names, len(cfg.seeds), nbytes))  # fmt: skip
         device.update(getattr(transport, "device_facts", None) or {})
         for name in names:
             runs[name] = _run_model(name, cfg, bundle, transport, state, progress, startup)

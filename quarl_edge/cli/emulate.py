@@ -75,12 +75,17 @@ def setup(
     package: Annotated[
         list[str] | None, typer.Option("--package", help="extra requirement (repeatable), e.g. ale-py")
     ] = None,
+    bundle: Annotated[
+        Path | None, typer.Option("--bundle", help="also install what this bundle's env needs (e.g. ale-py)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a venv on the device and install the runtime's wheels, downloaded here (no internet needed there)."""
+    from quarl_edge.devices.preflight import bundle_packages
     from quarl_edge.devices.setup import setup_device
 
-    result = setup_device(name, wheelhouse, arch, python_version, tuple(package or ()), log=info)
+    packages = (*(package or ()), *(bundle_packages(bundle) if bundle else ()))
+    result = setup_device(name, wheelhouse, arch, python_version, tuple(dict.fromkeys(packages)), log=info)
     if as_json:
         print_json({"device": name, "python": result.python, "wheels": [w.name for w in result.wheels],
                     "versions": result.versions()})  # fmt: skip

@@ -30,6 +30,7 @@ from typing import Any
 from quarl_edge.bench.device import transport_for
 from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.devices.check import check_device
+from quarl_edge.devices.preflight import check_env
 from quarl_edge.devices.profiles import load_profile
 from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import Policy
@@ -220,6 +221,8 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize)
     stage("check the device")
     facts = check_device(profile).facts
+    if profile.transport != "local":  # the closed loop runs there: its env packages, before any work
+        check_env(policy.spec.env, facts, profile.name)
     formats = device_formats(facts, profile.name)
     if "tflite" in formats and not _host_can_export_tflite():
         formats = tuple(f for f in formats if f != "tflite")

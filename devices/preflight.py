@@ -1,0 +1,106 @@
+"""Pre-flight: before a bench measures anything on a board, check the board can run the bundle there
+(a runtime for each model's format, gymnasium and the env's packages for closed-loop episodes, disk for
+the upload) and stop at once with the one `quarl-edge devices setup` command that fixes it.
+
+Why: without it, a Pong bench on rpi4-emu spent 1.5 minutes on latency, then failed in the first episode
+with the host's advice (`pip install 'quarl-edge[atari]'`), which is wrong for the board.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from quarl_edge.runtimes.errors import MissingDependencyError
+from quarl_edge.runtimes.manifest import Manifest, load_manifest
+from quarl_edge.runtimes.spec import EnvConfig
+
+# pip packages that provide each importable env module on a board (cv2: gymnasium's AtariPreprocessing)
+ENV_PACKAGES: dict[str, tuple[str, ...]] = {
+    "ale_py": ("ale-py",), "cv2": ("opencv-python-headless",), "mujoco": ("mujoco",), "Box2D": ("box2d",),
+    "dm_control": ("dm-control", "mujoco"), "shimmy": ("shimmy",),
+    "gymnasium_robotics": ("gymnasium-robotics",), "minigrid": ("minigrid",), "gymnasium": ("gymnasium",),
+}  # fmt: skip
+# gymnasium's own Box2D and MuJoCo envs import their engine lazily (the manifest's env.imports is empty)
+FAMILY_MODULES = {
+    "box2d": ("Box2D",),
+    "mujoco": ("mujoco",),
+    "atari": ("ale_py",),
+    "dmc": ("shimmy", "dm_control"),
+}
+# (module, machine) pairs with no wheel on PyPI for that architecture (pip would build from source, which
+# fails on a board without SWIG and a compiler): the env runs on the host instead
+NO_WHEEL = {("Box2D", "aarch64"), ("Box2D", "armv7l")}
+FORMAT_RUNTIMES = {"onnx": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime", "tensorflow")}
+UPLOAD_MARGIN = 2.0  # free disk wanted, as a multiple of the upload (temp copy + final)
+
+
+def env_modules(env: EnvConfig) -> list[str]:
+    """The modules a closed-loop episode of this env imports on the device, in order."""
+    mods = ["gymnasium", *FAMILY_MODULES.get(env.family, ()), *env.imports]
+    if any(w.name == "atari_preprocessing" for w in env.wrappers):
+        mods.append("cv2")
+    return list(dict.fromkeys(mods))
+
+
+def packages_for(modules: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(p for m in modules for p in ENV_PACKAGES.get(m, (m,))))
+
+
+def bundle_packages(bundle: Path) -> list[str]:
+    """The pip packages a bundle's closed-loop episodes need on a board beyond the runtime set
+    (`devices setup --bundle`)."""
+    env = load_manifest(bundle, verify=False).policy.env
+    return [p for p in packages_for(env_modules(env)) if p != "gymnasium"]
+
+
+def setup_command(device: str, packages: Sequence[str]) -> str:
+    return " ".join(
+        ["quarl-edge devices setup", shlex.quote(device), *(f"--package {shlex.quote(p)}" for p in packages)]
+    )
+
+
+def check_ready(manifest: Manifest, facts: dict[str, Any], device: str, models: Sequence[str], episodes: int,
+                upload_bytes: int = 0) -> None:  # fmt: skip
+    """Raise one line naming what the device lacks for this bench, and the command that adds it."""
+    runtimes = facts.get("runtimes") or {}
+    for name in models:
+        fmt = manifest.model(name).format
+        if not any(runtimes.get(r) for r in FORMAT_RUNTIMES.get(fmt, ())):
+            raise MissingDependencyError(
+                f"{device} has no runtime for {fmt} (model {name!r}); nothing was measured",
+                f"install it there: {setup_command(device, [])}",
+            )
+    if episodes > 0:
+        check_env(manifest.policy.env, facts, device)
+    free = facts.get("disk_free_bytes")
+    if isinstance(free, int) and upload_bytes and free < UPLOAD_MARGIN * upload_bytes:
+        raise MissingDependencyError(
+            f"{device} has {free / 2**20:.0f} MiB free, the upload needs about {UPLOAD_MARGIN * upload_bytes / 2**20:.0f} MiB",
+            "free space on the device (its cache_dir) or set cache_dir in the device profile to a larger disk",
+        )
+
+
+def check_env(env: EnvConfig, facts: dict[str, Any], device: str) -> None:
+    """Raise when the device lacks a package the env's closed-loop episodes import."""
+    modules = facts.get("modules")
+    if not isinstance(modules, dict):  # a runner too old to say: the episode itself will
+        return
+    have = {**modules, "gymnasium": bool((facts.get("runtimes") or {}).get("gymnasium"))}
+    # only what the runner probed (ENV_MODULES, cv2): a user's own module is the episode's to import
+    missing = [m for m in env_modules(env) if m in have and not have[m]]
+    machine = str(facts.get("machine") or "")
+    stuck = [m for m in missing if (m, machine) in NO_WHEEL]
+    if stuck:
+        raise MissingDependencyError(
+            f"{env.id!r} needs {', '.join(packages_for(stuck))} on {device}, which has no wheel for {machine}; "
+            "nothing was measured",
+            "bench latency only there with --episodes 0, and judge reward on a host (`--device local`)",
+        )
+    if missing:
+        raise MissingDependencyError(
+            f"{env.id!r} needs {', '.join(missing)} on {device} for closed-loop episodes; nothing was measured",
+            f"install it there: {setup_command(device, packages_for(missing))}",
+        )
