@@ -350,6 +350,7 @@ def _pin(wheel_name: str) -> str:
 
 def _module_name(requirement: str) -> str:
     name = requirement_name(requirement)
-    return {"ai-edge-litert": "ai_edge_litert", "tflite-runtime": "tflite_runtime", "ale-py": "ale_py"}.get(
-        name, name.replace("-", "_")
-    )
+    # distributions whose import name is not their name with '_' for '-'
+    known = {"opencv-python-headless": "cv2", "opencv-python": "cv2", "box2d": "Box2D", "dm-control": "dm_control",
+             "gymnasium-robotics": "gymnasium_robotics", "pyyaml": "yaml", "pillow": "PIL"}  # fmt: skip
+    return known.get(name.lower(), name.replace("-", "_"))

@@ -697,6 +697,55 @@ def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Stat
 
 
 @pytest.mark.emulated
+@pytest.mark.timeout(2400)
+def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
+    board: emulate.Status, tmp_path: Path
+) -> None:
+    """Any env on the board: a venv with the bundles' env packages (aarch64 wheels from the host's wheel
+    cache, pip offline on the board), then a Pong (Atari, frame preprocessing on the board) and a
+    HalfCheetah (MuJoCo) bundle bench with closed-loop episodes there, paired against fp32. The venv is
+    a second one in the login directory, removed afterwards: the cached rootfs stays as built."""
+    from quarl_edge.bench.device import bench_on_device
+    from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.devices import setup
+    from quarl_edge.devices.preflight import bundle_packages
+
+    bundles = {}
+    for name, to in (("pong-dqn", "onnx-fp32,onnx-int8"), ("halfcheetah-td3", "onnx-fp32,tflite-int8")):
+        bundles[name] = tmp_path / name
+        r = _qe("export", "--policy", POLICIES / name, "--calibration", CALIB / f"{name}.npz", "--to", to,
+                "--out", bundles[name], timeout=900)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+    extra = tuple(dict.fromkeys(p for b in bundles.values() for p in bundle_packages(b)))
+    assert extra == ("ale-py", "opencv-python-headless", "mujoco")
+    spec, pins = wheelhouse.platform_pinned(
+        wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + extra)
+    )
+    venv = ".local/share/quarl-edge/venv-envs"
+    t0 = time.monotonic()
+    try:
+        with setup.open_device("rpi4-emu") as (shell, _):
+            python = setup.setup(
+                shell, wheelhouse.download(spec, pins=pins), venv=venv, packages=spec.packages
+            )
+        print(f"\n[emulated rpi4] venv with {', '.join(extra)}: {_since(t0):.1f} s")
+        for name, bundle in bundles.items():
+            t0 = time.monotonic()
+            cfg = BenchConfig(episodes=2, max_steps=150, latency_samples=20, warmup=5)
+            report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": python})
+            assert report["device"]["machine"] == "aarch64" and report["device"]["emulated"] is True
+            for m in report["models"]:  # every episode ran on the board, none failed
+                assert m["reward"]["episodes"] == 2 and None not in m["reward"]["per_episode"], m["reward"]
+                assert not m["warnings"], m["warnings"]
+            other = next(m for m in report["models"] if m["precision"] != "fp32")
+            assert other["drift"]["paired_episodes"] == 2
+            shown = {m["name"]: m["reward"]["per_episode"] for m in report["models"]}
+            print(f"[emulated rpi4] {name}: returns {shown} in {_since(t0):.1f} s (150-step episodes)")
+    finally:
+        assert _ssh(board, f"rm -rf {venv} .cache/quarl-edge/wheels").returncode == 0
+
+
+@pytest.mark.emulated
 @pytest.mark.timeout(1800)
 def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
     """`devices setup`'s path: upload the aarch64 wheelhouse, build a venv in the login directory, import."""
