@@ -22,11 +22,13 @@ ENV_PACKAGES: dict[str, tuple[str, ...]] = {
     "ale_py": ("ale-py",), "cv2": ("opencv-python-headless",), "mujoco": ("mujoco",), "Box2D": ("box2d",),
     "dm_control": ("dm-control", "mujoco"), "shimmy": ("shimmy",),
     "gymnasium_robotics": ("gymnasium-robotics",), "minigrid": ("minigrid",), "gymnasium": ("gymnasium",),
+    "imageio": ("imageio",),
 }  # fmt: skip
 # gymnasium's own Box2D and MuJoCo envs import their engine lazily (the manifest's env.imports is empty)
+# (gymnasium's MuJoCo envs import imageio for rendering even when they do not render)
 FAMILY_MODULES = {
     "box2d": ("Box2D",),
-    "mujoco": ("mujoco",),
+    "mujoco": ("mujoco", "imageio"),
     "atari": ("ale_py",),
     "dmc": ("shimmy", "dm_control"),
 }

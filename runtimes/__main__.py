@@ -78,7 +78,7 @@ def _env_modules() -> dict[str, bool]:
     except ImportError:  # no numpy: the runner cannot run anyway, and the facts say so
         return {}
     out = {}
-    for mod in (*ENV_MODULES, "cv2"):
+    for mod in (*ENV_MODULES, "cv2", "imageio"):  # cv2: Atari preprocessing; imageio: gymnasium's MuJoCo
         try:
             out[mod] = importlib.util.find_spec(mod) is not None
         except (ImportError, ValueError):

@@ -717,7 +717,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
                 "--out", bundles[name], timeout=900)  # fmt: skip
         assert r.returncode == 0, r.stderr[-2000:]
     extra = tuple(dict.fromkeys(p for b in bundles.values() for p in bundle_packages(b)))
-    assert extra == ("ale-py", "opencv-python-headless", "mujoco")
+    assert extra == ("ale-py", "opencv-python-headless", "mujoco", "imageio")
     spec, pins = wheelhouse.platform_pinned(
         wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + extra)
     )
@@ -731,7 +731,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
         print(f"\n[emulated rpi4] venv with {', '.join(extra)}: {_since(t0):.1f} s")
         for name, bundle in bundles.items():
             t0 = time.monotonic()
-            cfg = BenchConfig(episodes=2, max_steps=150, latency_samples=20, warmup=5)
+            cfg = BenchConfig(episodes=2, max_steps=80, latency_samples=20, warmup=5)
             report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": python})
             assert report["device"]["machine"] == "aarch64" and report["device"]["emulated"] is True
             for m in report["models"]:  # every episode ran on the board, none failed
@@ -740,7 +740,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
             other = next(m for m in report["models"] if m["precision"] != "fp32")
             assert other["drift"]["paired_episodes"] == 2
             shown = {m["name"]: m["reward"]["per_episode"] for m in report["models"]}
-            print(f"[emulated rpi4] {name}: returns {shown} in {_since(t0):.1f} s (150-step episodes)")
+            print(f"[emulated rpi4] {name}: returns {shown} in {_since(t0):.1f} s (80-step episodes)")
     finally:
         assert _ssh(board, f"rm -rf {venv} .cache/quarl-edge/wheels").returncode == 0
 

@@ -16,14 +16,14 @@ from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.spec import EnvConfig
 
 BOARD = {"machine": "aarch64", "runtimes": {"numpy": "2.4", "onnxruntime": "1.32", "gymnasium": "1.4"},
-         "modules": {"ale_py": False, "cv2": False, "Box2D": False, "mujoco": True, "shimmy": False,
+         "modules": {"ale_py": False, "cv2": False, "Box2D": False, "mujoco": True, "imageio": True, "shimmy": False,
                      "dm_control": False}, "disk_free_bytes": 10 * 2**30}  # fmt: skip
 
 
 def test_the_modules_each_env_family_needs() -> None:
     assert env_modules(env_config("ALE/Pong-v5")) == ["gymnasium", "ale_py", "cv2"]
     assert env_modules(env_config("LunarLander-v3")) == ["gymnasium", "Box2D"]
-    assert env_modules(env_config("HalfCheetah-v5")) == ["gymnasium", "mujoco"]
+    assert env_modules(env_config("HalfCheetah-v5")) == ["gymnasium", "mujoco", "imageio"]
     assert env_modules(env_config("CartPole-v1")) == ["gymnasium"]
     assert packages_for(["ale_py", "cv2"]) == ["ale-py", "opencv-python-headless"]
 
