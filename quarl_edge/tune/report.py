@@ -93,10 +93,9 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     judged = [r for r in result["candidates"] if r.get("p50_us") and r.get("drop_pct") is not None]
     for r in judged:  # the drop each verdict rests on (all of a close call's episodes)
         color = "tab:green" if r.get("verdict") == "pass" else "tab:red"
-        ax.scatter(r["p50_us"], _judged_drop(r), color=color, s=30)
-        ax.annotate(
-            r["name"], (r["p50_us"], _judged_drop(r)), fontsize=7, xytext=(3, 3), textcoords="offset points"
-        )
+        drop = float(_judged_drop(r) or 0.0)
+        ax.scatter(r["p50_us"], drop, color=color, s=30)
+        ax.annotate(r["name"], (r["p50_us"], drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
     c = result["choice"]
     ax.scatter([c["p50_us"]], [c.get("drop_pct") or 0.0], s=160, facecolors="none", edgecolors="black",
                label=f"chosen: {c['name']}")  # fmt: skip
