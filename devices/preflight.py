@@ -99,7 +99,7 @@ def check_env(env: EnvConfig, facts: dict[str, Any], device: str) -> None:
         raise MissingDependencyError(
             f"{env.id!r} needs {', '.join(packages_for(stuck))} on {device}, which has no wheel for {machine}; "
             "nothing was measured",
-            "bench latency only there with --episodes 0, and judge reward on a host (`--device local`)",
+            "run the env on the host and only the policy on the board: add --env-on-host",
         )
     if missing:
         raise MissingDependencyError(

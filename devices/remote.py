@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.devices.link import PolicyLink
 from quarl_edge.devices.profiles import DeviceProfile, remote_path
 from quarl_edge.devices.ssh import SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import RunnerZip, build_runner_zip
@@ -225,6 +226,18 @@ class SSHTransport:
         return facts
 
     # -- running ------------------------------------------------------------------------------------
+
+    def policy_link(self, bundle: Path, model: str, threads: int) -> PolicyLink:
+        """The device runner's `serve` for one model: the policy there, the env here (--env-on-host)."""
+        self.prepare(bundle)
+        cmd = sh(self.python, self.runner_path, "serve", "--bundle", self.bundles[Path(bundle)].remote,
+                 "--model", model, "--threads", str(threads))  # fmt: skip
+        session = self.ssh.session(cmd)
+        try:
+            return PolicyLink(session.send, session.readline, session.close, self.profile.name)
+        except BaseException:
+            session.close()
+            raise
 
     def __call__(self, bundle: Path, args: list[str]) -> Iterator[Event]:
         """Run ``python runner.pyz run --bundle <cached bundle> ARGS`` on the device; yield its events."""

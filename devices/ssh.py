@@ -404,10 +404,19 @@ class SSHConnection:
             with contextlib.suppress(Exception):  # the link may be gone already
                 loop.call(_settle(proc, err_task))
 
-    async def _start(self, conn: Any, command: str) -> tuple[Any, asyncio.Task[Any]]:
+    def session(self, command: str, *, idle_timeout: float | None = None) -> Session:
+        """Run ``command`` with a writable stdin: send lines, read lines (``bench --env-on-host``)."""
+        loop, conn = self._need()
+        proc, err_task = loop.call(self._start(conn, command, interactive=True))
+        return Session(self, loop, proc, err_task, idle_timeout or self.profile.command_timeout)
+
+    async def _start(
+        self, conn: Any, command: str, interactive: bool = False
+    ) -> tuple[Any, asyncio.Task[Any]]:
         a = self._asyncssh
         try:
-            proc = await conn.create_process(command, stdin=a.DEVNULL, encoding="utf-8", errors="replace")
+            stdin = a.PIPE if interactive else a.DEVNULL
+            proc = await conn.create_process(command, stdin=stdin, encoding="utf-8", errors="replace")
         except (a.ConnectionLost, a.DisconnectError, a.ChannelOpenError, ConnectionError) as e:
             raise LinkLost(f"the SSH link to {self.profile.name} dropped ({_reason(e)})") from None
         # drain stderr concurrently: an unread stderr fills the channel window and stalls stdout
@@ -435,6 +444,38 @@ class SSHConnection:
             raise LinkLost(f"the SSH link to {self.profile.name} dropped (no exit status)")
         status = proc.exit_status if proc.exit_status is not None else -1
         return Completed(status, "", _text(err))
+
+
+class Session:
+    """An interactive command on the device: ``send`` a line, ``readline`` the next (see SSHConnection.session)."""
+
+    def __init__(
+        self, ssh: SSHConnection, loop: _LoopThread, proc: Any, err_task: asyncio.Task[Any], limit: float
+    ) -> None:
+        self._ssh, self._loop, self._proc, self._err, self._limit = ssh, loop, proc, err_task, limit
+
+    def send(self, line: str) -> None:
+        self._loop.call(self._send(line))
+
+    async def _send(self, line: str) -> None:
+        a = self._ssh._asyncssh
+        try:
+            self._proc.stdin.write(line)
+            await self._proc.stdin.drain()
+        except (a.ConnectionLost, a.DisconnectError, ConnectionError, BrokenPipeError) as e:
+            raise LinkLost(f"the SSH link to {self._ssh.profile.name} dropped ({_reason(e)})") from None
+
+    def readline(self) -> str:
+        return self._loop.call(self._ssh._readline(self._proc, self._limit))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the link may be gone already
+            self._loop.call(self._end())
+
+    async def _end(self) -> None:
+        self._proc.stdin.write_eof()
+        await asyncio.wait_for(self._proc.wait_closed(), 30)
+        await _settle(self._proc, self._err)
 
 
 async def _close(conn: Any) -> None:

@@ -162,10 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
     )
     sub.add_parser("info", help="device facts as JSON")
+    v = sub.add_parser("serve", help="the policy alone: observations in, actions out (bench --env-on-host)")
+    v.add_argument("--bundle", required=True)
+    v.add_argument("--model", required=True)
+    v.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     try:
         if args.cmd == "info":
             _emit({"event": "info", **device_info()})
+            return 0
+        if args.cmd == "serve":
+            from .serve import serve
+
+            serve(args.bundle, args.model, args.threads, sys.stdin, _emit)
             return 0
         from .runner import run_model
 

@@ -140,6 +140,8 @@ class PolicyRunner:
     def episodes(
         self, seeds: Sequence[int], max_steps: int | None = None, progress: Progress | None = None
     ) -> list[EpisodeResult]:
+        if not seeds:  # latency only, or the env runs on the host (bench --env-on-host): no env here
+            return []
         env = make_env(self.spec.env)
         results = []
         try:

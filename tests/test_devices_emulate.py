@@ -680,9 +680,10 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
 def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Status, tmp_path: Path) -> None:
     """Pre-flight: a Pong bundle on a board without ale-py stops at once with the one `devices setup`
     line that fixes it (not the host's pip advice after minutes of latency); a LunarLander bundle, whose
-    box2d has no aarch64 wheel, says so and what to do instead. Neither bundle is uploaded."""
+    box2d has no aarch64 wheel, says so and what to do instead. Neither bundle is uploaded. Then the
+    LunarLander bundle with --env-on-host plays the same episodes as a local bench."""
     cases = (("pong-dqn", "devices setup rpi4-emu --package ale-py --package opencv-python-headless"),
-             ("lunarlander-dqn", "needs box2d on rpi4-emu, which has no wheel for aarch64"))  # fmt: skip
+             ("lunarlander-dqn", "no wheel for aarch64; nothing was measured; run the env on the host"))  # fmt: skip
     for name, words in cases:
         bundle = tmp_path / name
         r = _qe("export", "--policy", POLICIES / name, "--calibration", CALIB / f"{name}.npz", "--to", "onnx-fp32",
@@ -694,6 +695,19 @@ def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Stat
         assert words in last and "nothing was measured" in last, last
         sha = sha256_file(bundle / "manifest.json")
         assert _ssh(board, f"test -e /root/.cache/quarl-edge/bundles/{sha}").returncode == 1
+    # what the box2d line says to do: the env here, the policy on the board, the same episodes as here
+    bundle = tmp_path / "lunarlander-dqn"
+    r = _qe("bench", "--bundle", bundle, "--device", "rpi4-emu", "--episodes", "2", "--env-on-host", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    board_run = json.loads(r.stdout)["models"][0]
+    r = _qe("bench", "--bundle", bundle, "--episodes", "2", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert board_run["reward"]["per_episode"] == json.loads(r.stdout)["models"][0]["reward"]["per_episode"]
+    link = board_run["env_on_host"]
+    print(
+        f"\n[emulated rpi4] LunarLander --env-on-host: {link['steps']} steps, policy p50 "
+        f"{link['policy_us']['p50']:.0f} us on the board (emulated), round trip {link['round_trip_us']['p50']:.0f} us"
+    )
 
 
 @pytest.mark.emulated

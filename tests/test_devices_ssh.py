@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +478,25 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
         assert len(set(per_ep)) == cfg.episodes, per_ep  # every seed its own return
         assert per_ep == lo["reward"]["per_episode"]
         assert r["agreement"] == lo["agreement"]
+
+
+def test_env_on_host_plays_the_same_episodes_over_ssh_with_policy_and_link_time_apart(
+    trusted: Env, sshd: Sshd, pendulum_bundle: Path
+) -> None:
+    """--env-on-host: the env runs here, the device's `serve` answers one observation per step over the
+    SSH channel; seed for seed the same returns as the device's own episodes, and the report says how
+    much of each step was the policy on the device and how much the link."""
+    cfg = BenchConfig(episodes=3, latency_samples=20)
+    with SSHTransport(load_profile(DEV)) as t:
+        on_device = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t)
+        on_host = bench(pendulum_bundle, replace(cfg, env_on_host=True), device={"name": DEV}, transport=t)
+    for a, b in zip(on_device["models"], on_host["models"], strict=True):
+        per_ep = b["reward"]["per_episode"]
+        assert len(set(per_ep)) == cfg.episodes and per_ep == a["reward"]["per_episode"]
+        link = b["env_on_host"]
+        assert a["env_on_host"] is None and link["steps"] == 3 * 200  # Pendulum episodes are 200 steps
+        assert 0 < link["policy_us"]["p50"] <= link["round_trip_us"]["p50"]
+        assert link["link_us_p50"] == pytest.approx(link["round_trip_us"]["p50"] - link["policy_us"]["p50"])
 
 
 def test_bench_cli_over_ssh_says_nothing_was_uploaded(

@@ -28,7 +28,7 @@ import numpy as np
 from quarl_edge import __version__
 from quarl_edge.bench.partial import PartialBench
 from quarl_edge.devices.preflight import check_ready
-from quarl_edge.runtimes.envs import bounds
+from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
@@ -58,6 +58,9 @@ class BenchConfig:
     """replay trace for action agreement; default: the bundle's own trace.npz"""
     oversubscribe: bool = False
     """let --threads exceed the device's cores (the runner refuses that otherwise)"""
+    env_on_host: bool = False
+    """closed-loop episodes with the env on this machine and only the policy on the device, one step at a
+    time over the link (for an env the board cannot install); the report splits policy from link time"""
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
@@ -198,6 +201,7 @@ def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[
         "warmup": cfg.warmup,
         "max_steps": cfg.max_steps,
         "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
+        "env_on_host": cfg.env_on_host,
     }
 
 
@@ -247,8 +251,11 @@ def bench(
         prepare = getattr(transport, "prepare", None)
         if prepare is not None:  # a board: checked for what this bench needs before any upload
             where = str(device.get("name") or "the device")
+            on_board = 0 if cfg.env_on_host else len(cfg.seeds)  # episodes whose env runs there
             prepare(bundle, cfg.trace, preflight=lambda facts, nbytes: check_ready(
-                manifest, facts, where, names, len(cfg.seeds), nbytes))  # fmt: skip
+                manifest, facts, where, names, on_board, nbytes))  # fmt: skip
+        if cfg.env_on_host and cfg.seeds:
+            make_env(manifest.policy.env).close()  # the env runs here: a missing package stops it now
         device.update(getattr(transport, "device_facts", None) or {})
         for name in names:
             runs[name] = _run_model(name, cfg, bundle, transport, state, progress, startup)
@@ -288,6 +295,7 @@ def bench(
                 if name == ref.name
                 else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
                 "warnings": _warnings(run),
+                "env_on_host": run.get("env_on_host"),
             }
         )
     return {
@@ -337,6 +345,24 @@ def _run_model(
     measured = kept.measured is not None
     if measured and not seeds:
         return state.finish(name, None)
+    on_board = [] if cfg.env_on_host else seeds
+    result: dict[str, Any] | None = None
+    if not (measured and not on_board):
+        result = _runner_result(name, cfg, bundle, transport, on_board, measured, state, progress, startup)
+    link = None
+    if cfg.env_on_host and seeds:
+        result = dict(result or {})
+        result["episodes"], link = _episodes_on_host(name, cfg, bundle, transport, seeds, state, progress)
+    run = state.finish(name, result)
+    if link is not None:  # the link's timing, kept beside the device's own measurements
+        run["env_on_host"] = link
+        state.save()
+    return run
+
+
+def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transport, seeds: list[int], measured: bool,
+                   state: PartialBench, progress: Callable[[Event], None] | None,
+                   startup: dict[str, float]) -> dict[str, Any]:  # fmt: skip
     result: dict[str, Any] | None = None
     t0 = time.perf_counter()
     for ev in transport(bundle, _runner_args(cfg, name, seeds, measured)):
@@ -353,7 +379,29 @@ def _run_model(
                 progress(ev)
     if result is None:
         raise QuarlError(f"the runner returned no result for {name!r}", "run again with --debug")
-    return state.finish(name, result)
+    return result
+
+
+def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, transport: Transport, seeds: list[int],
+                      state: PartialBench, progress: Callable[[Event], None] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    from quarl_edge.bench.env_on_host import host_episodes
+    from quarl_edge.devices.link import local_link
+
+    manifest = load_manifest(bundle, verify=False)  # bench() verified it
+    opener = getattr(transport, "policy_link", None)
+    link = opener(bundle, name, cfg.threads) if opener is not None else local_link(bundle, name, cfg.threads)
+
+    def on_episode(ep: dict[str, Any]) -> None:
+        ev = {"event": "episode", "model": name, **ep}
+        state.on_event(name, ev)
+        if progress:
+            progress(ev)
+
+    try:
+        return host_episodes(manifest.policy.env, link, manifest.policy.action_space.is_discrete, seeds,
+                             cfg.max_steps, on_episode)  # fmt: skip
+    finally:
+        link.close()
 
 
 def finite_json(obj: Any) -> Any:

@@ -163,6 +163,7 @@ def bench(
     seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
     threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
     oversubscribe: Annotated[bool, typer.Option("--oversubscribe", help="allow --threads above the device's cores")] = False,
+    env_on_host: Annotated[bool, typer.Option("--env-on-host", help="env here, only the policy on the device (per step over the link)")] = False,
     latency_samples: Annotated[int, typer.Option("--latency-samples")] = 1000,
     max_steps: MaxStepsOpt = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
@@ -181,7 +182,8 @@ def bench(
     from quarl_edge.bench.run import BenchConfig
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
-                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe)  # fmt: skip
+                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe,
+                      env_on_host=env_on_host)  # fmt: skip
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
 
         def on_event(ev: dict[str, Any]) -> None:
