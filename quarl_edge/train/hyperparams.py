@@ -37,6 +37,10 @@ _BY_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("mujoco", "td3"): {"steps": 1_000_000, "learning_starts": 10_000},
     ("mujoco", "ddpg"): {"steps": 1_000_000, "learning_starts": 10_000},
     ("mujoco", "ppo"): {"steps": 1_000_000, "n_envs": 1, "batch_size": 64, "n_steps": 512, "gamma": 0.98},
+    # DM Control Suite (1000-step episodes, rewards in [0, 1]): off-policy defaults as for MuJoCo, shorter
+    ("dmc", "sac"): {"steps": 500_000, "learning_starts": 10_000},
+    ("dmc", "td3"): {"steps": 500_000, "learning_starts": 10_000},
+    ("dmc", "ddpg"): {"steps": 500_000, "learning_starts": 10_000},
 }  # fmt: skip
 
 _BY_ENV: dict[tuple[str, str], dict[str, Any]] = {
