@@ -87,7 +87,8 @@ def _flatten_dict(env: Any, keys: Any = None, sizes: Any = None) -> Any:
     want = dict(zip(keys, sizes, strict=True))
     if have != want:
         raise InputError(
-            f"the environment's observation entries {have} differ from the policy's {want} (another dm-control version?)",
+            f"the environment's observation entries {have} differ from the policy's {want} "
+            "(another dm-control version?)",
             "install the versions the policy was trained with, or retrain it",
         )
     low = np.concatenate([np.broadcast_to(boxes[k].low, boxes[k].shape).reshape(-1) for k in keys])

@@ -80,6 +80,9 @@ def test_the_device_rebuilds_the_hosts_flattened_observations(task: str) -> None
     ]
     for h, raw in zip(host_obs, raw_obs, strict=True):
         assert np.array_equal(h, np.concatenate([np.ravel(raw[k]) for k in keys]).astype(np.float32))
+    # the order of gymnasium's own FlattenObservation, so an SB3 policy trained with it imports as is
+    flat_obs, _ = _rollout(gym.wrappers.FlattenObservation(gym.make(f"dm_control/{task}-v0")), seed=3)
+    assert all(np.array_equal(h, f.astype(np.float32)) for h, f in zip(host_obs, flat_obs, strict=True))
     if task == "walker-stand":
         assert list(raw_obs[0]) != keys  # dm_control's own order differs: the sorted order is a real choice
         assert host_obs[-1][0] == np.float32(raw_obs[-1]["height"])
@@ -124,10 +127,19 @@ STEPS = 2000
 def sac_cartpole(tmp_path_factory: pytest.TempPathFactory) -> tuple[Policy, Path]:
     """SAC on cartpole-balance for 2,000 steps (updates from step 500, a 32x32 MLP): not a good policy,
     but one whose actions vary with the state, so agreement and paired returns discriminate."""
+    import torch
+
     out = tmp_path_factory.mktemp("dmc") / "cartpole-sac"
     cfg = TrainConfig(env=CARTPOLE, algo="sac", out=out, steps=STEPS, net_arch=(32, 32), eval_episodes=2,
                       overrides={"learning_starts": 500, "batch_size": 64})  # fmt: skip
-    return train(cfg), out
+    # One thread: on a loaded 2-core machine a 64x64 MLP's Adam step took 127 ms with torch's default two
+    # intra-op threads (spin-waiting for each other) and 5 ms with one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(cfg), out
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
@@ -164,3 +176,33 @@ def test_sac_trains_exports_and_benches_closed_loop(sac_cartpole: tuple[Policy, 
     )
     greedy = policy.predict(load_trace(tmp_path / "calib.npz").obs)
     assert float(np.std(greedy)) > 0.05, "a constant policy would agree with anything"
+
+
+@pytest.mark.slow
+def test_a_dmc_policy_joins_a_user_zoo_and_the_ptq_study(
+    sac_cartpole: tuple[Policy, Path], tmp_path: Path
+) -> None:
+    """`zoo add` then `study ptq --zoo DIR`: the zoo's env check makes the task (no skipped row) and
+    every variant runs closed loop on it."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from quarl_edge.zoo import add
+
+    _, ckpt = sac_cartpole
+    zoo = tmp_path / "zoo"
+    added = add(ckpt, "my-cartpole-balance", zoo=zoo, max_samples=2000)
+    assert added.env == CARTPOLE and added.calibration.is_file()
+    ray_tmp = Path(tempfile.mkdtemp(prefix="qe-ray-", dir="/tmp"))
+    env = dict(os.environ, RAY_TMPDIR=str(ray_tmp), PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "quarl_edge.cli", "study", "ptq", "--zoo", str(zoo), "--episodes", "2",
+           "--bits", "8", "--out", str(tmp_path / "study"), "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["variant"]: r for r in json.loads(proc.stdout)["results"]}
+    assert not any(r.get("skipped") for r in rows.values()), rows
+    assert {"fp32", "w8", "onnx-int8", "tflite-int8"} <= set(rows)
+    assert all(len(r["returns"]) == 2 for r in rows.values())
