@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS_TEST := dev,atari,box2d,mujoco,actorq,device,tflite
+EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
 .PHONY: demo test test-fast system-deps lint typecheck pytest bench clean
@@ -16,7 +16,10 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# mujoco 4 moved its files into mujoco-core; a venv made before the dmc extra capped mujoco below 4 would
+# keep mujoco-core 4 owning the same mujoco/ folder as 3.17 (removing it later deletes 3.17's files).
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	if $(BIN)/pip show --quiet mujoco-core 2>/dev/null; then $(BIN)/pip uninstall --quiet -y mujoco-core mujoco-studio mujoco; fi
 	$(BIN)/pip install --quiet -e '.[$(EXTRAS_TEST)]'
 	touch $@ $(VENV)/.installed-base
 

@@ -6,16 +6,25 @@ Shared by the host (trainer, recorder, local bench) and the device runner. Impor
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import InputError, MissingDependencyError
-from .spec import EnvConfig, SpaceSpec
+from .spec import EnvConfig, SpaceSpec, WrapperConfig
 
-# Extra each optional module comes from, for the install hint.
-_EXTRA_FOR_MODULE = {"ale_py": "atari", "Box2D": "box2d", "mujoco": "mujoco"}
+# Extra each optional module comes from, for the install hint; an env family's own extra comes first
+# (a DM Control task that lacks mujoco needs the dmc extra, whose mujoco dm-control can run on).
+_EXTRA_FOR_MODULE = {
+    "ale_py": "atari",
+    "Box2D": "box2d",
+    "mujoco": "mujoco",
+    "dm_control": "dmc",
+    "shimmy": "dmc",
+}
+_EXTRA_FOR_FAMILY = {"atari": "atari", "dmc": "dmc"}
 # The packages an environment description may ask to import (they register gymnasium ids on import).
 # Anything else in a manifest's env.imports is refused: importing runs a module's code, and a bundle is
 # data. A custom env names its own module in its id instead ("my_pkg.envs:MyEnv-v0"), which the user chose.
@@ -40,15 +49,64 @@ def _time_limit(env: Any, **kw: Any) -> Any:
     return TimeLimit(env, **kw)
 
 
+# ---- Dict observations (DM Control) -> one float32 vector ------------------------------------------
+FLATTEN_DICT = "flatten_dict"
+
+
+def flatten_dict_wrapper(space: Any) -> WrapperConfig:
+    """The flattening of a Dict observation space, as data: its keys in sorted (alphabetical) order, as
+    gymnasium's Dict space holds them, with each entry's number of elements. DM Control returns the keys
+    in its own order (walker: orientations, height, velocity); the vector is always in this one."""
+    keys = sorted(space.spaces)
+    return WrapperConfig(FLATTEN_DICT, {"keys": keys, "sizes": [int(np.prod(space[k].shape)) for k in keys]})
+
+
+def flatten_observation(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
+    """One float32 vector: each entry of ``obs`` in the order of ``keys``, flattened row-major (a scalar
+    entry, such as walker's height, gives one element)."""
+    return np.concatenate([np.asarray(obs[k], dtype=np.float64).reshape(-1) for k in keys]).astype(np.float32)
+
+
+def _flatten_dict(env: Any, keys: Any = None, sizes: Any = None) -> Any:
+    from gymnasium import spaces
+    from gymnasium.wrappers import TransformObservation
+
+    fix = "re-export the policy for this environment"
+    if not (isinstance(keys, list) and isinstance(sizes, list) and len(keys) == len(sizes)
+            and all(isinstance(k, str) for k in keys) and all(type(n) is int for n in sizes)):  # fmt: skip
+        raise InputError(
+            "the flatten_dict preprocessing needs lists of keys and of sizes, of one length", fix
+        )
+    space = env.observation_space
+    boxes = {str(k): s for k, s in getattr(space, "spaces", {}).items() if isinstance(s, spaces.Box)}
+    if not isinstance(space, spaces.Dict) or len(boxes) != len(space.spaces):
+        raise InputError(
+            f"the environment's observations are {space}, not the Dict of arrays the policy flattens", fix
+        )
+    have = {k: int(np.prod(b.shape)) for k, b in boxes.items()}
+    want = dict(zip(keys, sizes, strict=True))
+    if have != want:
+        raise InputError(
+            f"the environment's observation entries {have} differ from the policy's {want} "
+            "(another dm-control version?)",
+            "install the versions the policy was trained with, or retrain it",
+        )
+    low = np.concatenate([np.broadcast_to(boxes[k].low, boxes[k].shape).reshape(-1) for k in keys])
+    high = np.concatenate([np.broadcast_to(boxes[k].high, boxes[k].shape).reshape(-1) for k in keys])
+    box = spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+    return TransformObservation(env, lambda obs: flatten_observation(obs, keys), box)
+
+
 WRAPPERS: dict[str, Callable[..., Any]] = {
     "atari_preprocessing": _atari_preprocessing,
     "frame_stack": _frame_stack,
     "time_limit": _time_limit,
+    FLATTEN_DICT: _flatten_dict,
 }
 
 
-def install_hint(module: str) -> str:
-    extra = _EXTRA_FOR_MODULE.get(module.split(".")[0])
+def install_hint(module: str, family: str | None = None) -> str:
+    extra = _EXTRA_FOR_FAMILY.get(family or "") or _EXTRA_FOR_MODULE.get(module.split(".")[0])
     if extra:
         return f"install it with: pip install 'quarl-edge[{extra}]'"
     return f"install the package that provides {module!r}"
@@ -57,6 +115,10 @@ def install_hint(module: str) -> str:
 def import_env_modules(config: EnvConfig) -> None:
     import gymnasium as gym
 
+    if "dm_control" in config.imports and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        # Nothing here renders. Without a display dm-control's default (GLFW) only warns on stderr at
+        # import, a stray line in every command's output; "disable" skips loading a GL backend at all.
+        os.environ["MUJOCO_GL"] = "disable"
     modules = list(config.imports)
     foreign = [m for m in modules if m not in ENV_MODULES]
     if foreign:
@@ -72,7 +134,8 @@ def import_env_modules(config: EnvConfig) -> None:
             mod = importlib.import_module(name)
         except ImportError as e:
             raise MissingDependencyError(
-                f"environment {config.id!r} needs the module {name!r} ({e})", install_hint(name)
+                f"environment {config.id!r} needs the module {name!r} ({e})",
+                install_hint(name, config.family),
             ) from None
         if name == "ale_py":
             gym.register_envs(mod)
@@ -98,7 +161,9 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
         raise MissingDependencyError(f"environment {config.id!r} cannot start: {e}", None) from None
     except ImportError as e:
         mod = getattr(e, "name", None) or str(e)
-        raise MissingDependencyError(f"environment {config.id!r} needs {mod!r}", install_hint(mod)) from None
+        raise MissingDependencyError(
+            f"environment {config.id!r} needs {mod!r}", install_hint(mod, config.family)
+        ) from None
     for w in config.wrappers:
         factory = WRAPPERS.get(w.name)
         if factory is None:

@@ -246,6 +246,14 @@ def test_train_unknown_env(tmp_path: Path) -> None:
     assert_absent(out)
 
 
+def test_train_unknown_dm_control_task(tmp_path: Path) -> None:
+    out = tmp_path / "X"
+    with user_error(InputError, ["unknown DM Control task", "dm_control/walker-fly-v0"],
+                    ["dm_control/<task>-v0", "walker-stand", "cartpole-balance", "finger-spin"]):  # fmt: skip
+        train(TrainConfig(env="dm_control/walker-fly-v0", algo="sac", out=out))
+    assert_absent(out)
+
+
 def test_train_unknown_algo(tmp_path: Path) -> None:
     out = tmp_path / "X"
     with user_error(InputError, ["ppo2"], ["ppo", "dqn", "sac"]):
@@ -352,6 +360,11 @@ CLI_CASES = {
         "r.json",
     ),
     "gate-bad-report": CliCase(_write_bad_report, ("onnx-fp32", "lacks the field"), "j.xml"),
+    "train-unknown-dmc-task": CliCase(
+        lambda t: ["train", "--env", "dm_control/walker-fly-v0", "--algo", "sac", "--out", "X"],
+        ("unknown DM Control task", "walker-fly", "walker-stand", "reacher-easy"),
+        "X",
+    ),
     "train-unknown-algo": CliCase(
         lambda t: ["train", "--env", "CartPole-v1", "--algo", "ppo2", "--out", "X"], ("ppo2", "dqn"), "X"
     ),

@@ -36,11 +36,17 @@ def register(app: typer.Typer) -> None:
 
 def envs(as_json: JsonOpt = False) -> None:
     """List the built-in environments and their preprocessing."""
-    from quarl_edge.policy.registry import BUILTIN, env_config
+    from quarl_edge.policy.registry import BUILTIN, DMC_PREFIX, dmc_entries, env_config
+    from quarl_edge.runtimes.envs import FLATTEN_DICT
+    from quarl_edge.runtimes.errors import MissingDependencyError
 
     columns = ["id", "family", "model", "extra", "wrappers"]
     rows = [[e.id, e.family, e.default_model, e.extra or "-",
              ", ".join(w.name for w in env_config(e.id).wrappers) or "-"] for e in BUILTIN.values()]  # fmt: skip
+    try:  # the suite's tasks, listed by dm_control itself; their flattening is known without making each
+        rows += [[e.id, e.family, e.default_model, e.extra or "-", FLATTEN_DICT] for e in dmc_entries()]
+    except MissingDependencyError:
+        rows.append([f"{DMC_PREFIX}<domain>-<task>-v0", "dmc", "mlp", "dmc (not installed)", FLATTEN_DICT])
     if as_json:
         print_json([dict(zip(columns, r, strict=True)) for r in rows])
     else:

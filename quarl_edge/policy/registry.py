@@ -2,12 +2,18 @@
 
 The preprocessing is data (runtimes.spec.EnvConfig) so the device side rebuilds it without this module.
 Any other gymnasium id (including ``module:EnvId`` for custom envs) is accepted as a plain ``gym`` env.
+The DeepMind Control Suite's tasks (``dm_control/<domain>-<task>-v0``, through shimmy) are listed from
+dm_control.suite itself when the ``dmc`` extra is installed.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 
+from quarl_edge.runtimes.envs import flatten_dict_wrapper, import_env_modules, make_env
+from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig, WrapperConfig
 
 # Standard DQN preprocessing (Mnih et al. 2015): no-op reset, frame skip 4, 84x84 grey, 4-frame stack.
@@ -64,8 +70,40 @@ _ALIASES = {
 }
 
 
+DMC_PREFIX = "dm_control/"
+# dm_control first: shimmy imports without it but then registers no dm_control/ ids
+DMC_IMPORTS = ("dm_control", "shimmy")
+_DMC_UNVERSIONED = re.compile(r"dm_control/\w+-\w+")  # domain and task names have no hyphen
+
+
 def resolve_id(env_id: str) -> str:
+    if _DMC_UNVERSIONED.fullmatch(env_id):  # dm_control/walker-stand -> shimmy's dm_control/walker-stand-v0
+        return env_id + "-v0"
     return _ALIASES.get(env_id, env_id)
+
+
+@functools.cache
+def dmc_tasks() -> tuple[str, ...]:
+    """The DM Control Suite's tasks as ``domain-task``, from dm_control.suite (needs the dmc extra)."""
+    import_env_modules(EnvConfig(DMC_PREFIX + "*", family="dmc", imports=DMC_IMPORTS))
+    from dm_control import suite
+
+    return tuple(f"{domain}-{task}" for domain, task in suite.ALL_TASKS)
+
+
+def dmc_entries() -> list[EnvEntry]:
+    return [EnvEntry(f"{DMC_PREFIX}{t}-v0", "dmc", "dmc", "mlp") for t in dmc_tasks()]
+
+
+def _dmc_entry(env_id: str) -> EnvEntry:
+    task = env_id.removeprefix(DMC_PREFIX).removesuffix("-v0")
+    known = dmc_tasks()
+    if not env_id.endswith("-v0") or task not in known:
+        raise InputError(
+            f"unknown DM Control task {env_id!r}",
+            f"use dm_control/<task>-v0 with one of the suite's tasks: {', '.join(known)}",
+        )
+    return EnvEntry(env_id, "dmc", "dmc", "mlp")
 
 
 def entry(env_id: str) -> EnvEntry:
@@ -74,7 +112,19 @@ def entry(env_id: str) -> EnvEntry:
         return BUILTIN[env_id]
     if env_id.startswith("ALE/"):
         return EnvEntry(env_id, "atari", "atari", "nature_cnn")
+    if env_id.startswith(DMC_PREFIX):
+        return _dmc_entry(env_id)
     return EnvEntry(env_id, "gym", None, "mlp")
+
+
+@functools.cache
+def _dmc_flattening(env_id: str) -> WrapperConfig:
+    # made once per task and process: the keys and sizes of its Dict observation
+    env = make_env(EnvConfig(env_id, family="dmc", imports=DMC_IMPORTS))
+    try:
+        return flatten_dict_wrapper(env.observation_space)
+    finally:
+        env.close()
 
 
 def env_config(env_id: str) -> EnvConfig:
@@ -88,4 +138,8 @@ def env_config(env_id: str) -> EnvConfig:
             wrappers=ATARI_WRAPPERS,
             imports=("ale_py",),
         )
+    if e.family == "dmc":
+        flat = _dmc_flattening(e.id)  # a fresh copy: the cached kwargs are never handed out
+        wrapper = WrapperConfig(flat.name, {k: list(v) for k, v in flat.kwargs.items()})
+        return EnvConfig(id=e.id, family="dmc", wrappers=(wrapper,), imports=DMC_IMPORTS)
     return EnvConfig(id=e.id, family=e.family)
