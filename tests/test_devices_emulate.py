@@ -703,6 +703,7 @@ def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Stat
     r = _qe("bench", "--bundle", bundle, "--episodes", "2", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert board_run["reward"]["per_episode"] == json.loads(r.stdout)["models"][0]["reward"]["per_episode"]
+    _forget(board, [bundle])
     link = board_run["env_on_host"]
     print(
         f"\n[emulated rpi4] LunarLander --env-on-host: {link['steps']} steps, policy p50 "
@@ -725,13 +726,14 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
     from quarl_edge.devices.preflight import bundle_packages
 
     bundles = {}
-    for name, to in (("pong-dqn", "onnx-fp32,onnx-int8"), ("halfcheetah-td3", "onnx-fp32,tflite-int8")):
+    for name, to in (("pong-dqn", "onnx-fp32,onnx-int8"), ("halfcheetah-td3", "onnx-fp32,tflite-int8"),
+                     ("cartpole-balance-sac", "onnx-fp32,tflite-int8")):  # fmt: skip
         bundles[name] = tmp_path / name
         r = _qe("export", "--policy", POLICIES / name, "--calibration", CALIB / f"{name}.npz", "--to", to,
                 "--out", bundles[name], timeout=900)  # fmt: skip
         assert r.returncode == 0, r.stderr[-2000:]
     extra = tuple(dict.fromkeys(p for b in bundles.values() for p in bundle_packages(b)))
-    assert extra == ("ale-py", "opencv-python-headless", "mujoco", "imageio")
+    assert extra == ("ale-py", "opencv-python-headless", "mujoco", "imageio", "shimmy", "dm-control")
     spec, pins = wheelhouse.platform_pinned(
         wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + extra)
     )
@@ -757,6 +759,13 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
             print(f"[emulated rpi4] {name}: returns {shown} in {_since(t0):.1f} s (80-step episodes)")
     finally:
         assert _ssh(board, f"rm -rf {venv} .cache/quarl-edge/wheels").returncode == 0
+        _forget(board, list(bundles.values()))
+
+
+def _forget(board: emulate.Status, bundles: list[Path]) -> None:
+    """Remove the bundles a test uploaded from the board's cache: the cached rootfs stays as built."""
+    shas = " ".join(f".cache/quarl-edge/bundles/{sha256_file(b / 'manifest.json')}" for b in bundles)
+    assert _ssh(board, f"rm -rf {shas}").returncode == 0
 
 
 @pytest.mark.emulated
