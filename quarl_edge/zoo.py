@@ -129,6 +129,8 @@ def train_command(env: str, algo: str, steps: int, seed: int, name: str, train: 
         cmd += f" --keep-best {train['keep_best']}"
     if qat := train.get("qat"):
         cmd += f" --qat-bits {qat['bits']} --quant-delay {qat['delay']}"
+        if qat.get("scope", "all") != "all":
+            cmd += f" --qat-scope {qat['scope']}"
     return cmd + f" --out {name}"
 
 

@@ -112,6 +112,7 @@ def test_a_missing_dmc_extra_names_its_install_command(monkeypatch: pytest.Monke
         with pytest.raises(MissingDependencyError) as info:
             entry("dm_control/walker-stand-v0")
         assert info.value.fix == "install it with: pip install 'quarl-edge[dmc]'"
+        assert "'dm_control/walker-stand-v0' needs the module 'dm_control'" in info.value.problem
         with pytest.raises(MissingDependencyError, match=r"quarl-edge\[dmc\]"):  # the device side too
             make_env(EnvConfig(CARTPOLE, family="dmc", imports=DMC_IMPORTS))
     finally:

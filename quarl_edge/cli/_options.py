@@ -27,6 +27,12 @@ SeedOpt = Annotated[int, typer.Option("--seed")]
 QatActivationsOpt = Annotated[
     bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")
 ]
+QatScopeOpt = Annotated[
+    str,
+    typer.Option(
+        "--qat-scope", help="all: every layer trains fake-quantized; actor: only the exported network's"
+    ),
+]
 # Device profile overrides (bench, devices show/check/trust)
 DeviceNameArg = Annotated[str, typer.Argument(help="device profile name (see `quarl-edge devices list`)")]
 HostOpt = Annotated[str | None, typer.Option("--host", help="device address (overrides the profile)")]

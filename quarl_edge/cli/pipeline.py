@@ -16,6 +16,7 @@ from quarl_edge.cli._options import (
     PolicyOpt,
     PortOpt,
     QatActivationsOpt,
+    QatScopeOpt,
     SeedOpt,
     UserOpt,
     VecNormOpt,
@@ -68,15 +69,19 @@ def train(
     qat_bits: Annotated[int | None, typer.Option("--qat-bits", help="quantization-aware training, N bits (2..8)")] = None,
     quant_delay: Annotated[int, typer.Option("--quant-delay", help="fp32 steps before fake quantization")] = 0,
     qat_activations: QatActivationsOpt = True,
+    qat_scope: QatScopeOpt = "all",
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Train a policy (Stable-Baselines3; fp32, or quantization-aware with --qat-bits) and save a checkpoint."""
     from quarl_edge.quant.config import QATConfig
+    from quarl_edge.runtimes.errors import InputError
     from quarl_edge.train.trainer import TrainConfig, summary_lines
     from quarl_edge.train.trainer import train as run_train
 
+    if qat_bits is None and qat_scope != "all":
+        raise InputError("--qat-scope applies to quantization-aware training", "add e.g. --qat-bits 4")
     qat = (
-        QATConfig(bits=qat_bits, delay=quant_delay, activations=qat_activations)
+        QATConfig(bits=qat_bits, delay=quant_delay, activations=qat_activations, scope=qat_scope)
         if qat_bits is not None
         else None
     )

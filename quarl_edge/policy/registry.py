@@ -97,6 +97,7 @@ def dmc_entries() -> list[EnvEntry]:
 
 def _dmc_entry(env_id: str) -> EnvEntry:
     task = env_id.removeprefix(DMC_PREFIX).removesuffix("-v0")
+    import_env_modules(EnvConfig(env_id, family="dmc", imports=DMC_IMPORTS))  # a missing extra names this id
     known = dmc_tasks()
     if not env_id.endswith("-v0") or task not in known:
         raise InputError(

@@ -76,7 +76,7 @@ def _features_prefix(state: dict[str, torch.Tensor], candidates: tuple[str, ...]
     return candidates[-1]
 
 
-def _actor_layers(parts: SB3Parts) -> tuple[str, list[str], str]:
+def actor_layers(parts: SB3Parts) -> tuple[str, list[str], str]:
     """(features prefix, hidden layer prefixes, output layer prefix) of the deterministic actor / Q-network."""
     s, algo = parts.state, parts.algo
     if algo in ("ppo", "a2c"):
@@ -112,7 +112,7 @@ def policy_from_parts(
 ) -> Policy:
     """Rebuild the deterministic policy (actor or greedy Q-network) as a PolicyNet."""
     try:
-        fx, hidden, out = _actor_layers(parts)
+        fx, hidden, out = actor_layers(parts)
     except KeyError as e:
         raise InputError(
             f"the {parts.algo.upper()} weights lack the layer {e}",

@@ -12,6 +12,9 @@ from typing import Any
 from quarl_edge.runtimes.errors import InputError
 
 MIN_BITS, MAX_BITS = 2, 8
+# all: every Linear/Conv2d of the SB3 policy (actor, critics, value heads, target networks); actor: only
+# the layers of the exported network, so critics, value heads and targets learn in fp32.
+QAT_SCOPES = ("all", "actor")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class QATConfig:
     ema_decay: float = 0.99
     layers: int | None = None
     """how many layers were fake-quantized (recorded in the checkpoint after conversion)"""
+    scope: str = "all"
+    """which layers of the SB3 policy train fake-quantized: all, or only the exported network's (actor)"""
 
     def __post_init__(self) -> None:
         if (
@@ -39,6 +44,10 @@ class QATConfig:
             raise InputError(f"--quant-delay must be >= 0 (got {self.delay})", "e.g. --quant-delay 10000")
         if not isinstance(self.ema_decay, float | int) or not 0.0 < self.ema_decay < 1.0:
             raise InputError("the EMA decay must be in (0, 1)", "e.g. 0.99")
+        if self.scope not in QAT_SCOPES:
+            raise InputError(
+                f"unknown --qat-scope {str(self.scope)[:40]!r}", f"choose {' or '.join(QAT_SCOPES)}"
+            )
 
     @property
     def learned_int8_ranges(self) -> bool:
@@ -56,7 +65,7 @@ class QATConfig:
         """From a checkpoint's ``arch.qat`` (extra keys such as ``active`` are ignored)."""
         if not isinstance(d, dict):
             raise InputError("the checkpoint's arch.qat is not an object", "re-train or re-export the policy")
-        known = {k: d[k] for k in ("bits", "delay", "activations", "ema_decay", "layers") if k in d}
+        known = {k: d[k] for k in ("bits", "delay", "activations", "ema_decay", "layers", "scope") if k in d}
         if not isinstance(known.get("activations", True), bool):
             raise InputError("the checkpoint's arch.qat.activations is not true/false", "re-train the policy")
         try:

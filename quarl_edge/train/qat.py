@@ -147,27 +147,30 @@ def convert(module: nn.Module, cfg: QATConfig, clock: QATClock, path: str = "") 
 
     Any other layer with parameters is refused with its name: it would silently train in fp32.
     """
-    n = 0
-    for name, child in module.named_children():
-        full = f"{path}.{name}" if path else name
-        if type(child) is nn.Linear:
-            child.__class__ = QATLinear
-            child.qat_setup(cfg, clock, per_channel=False)  # type: ignore[attr-defined,operator]
-            n += 1
-        elif type(child) is nn.Conv2d:
-            child.__class__ = QATConv2d
-            child.qat_setup(cfg, clock, per_channel=True)  # type: ignore[attr-defined,operator]
-            n += 1
-        elif isinstance(child, (QATLinear, QATConv2d)):
-            n += 1
-        elif any(True for _ in child.parameters(recurse=False)) and not isinstance(child, _PASSTHROUGH):
-            raise InputError(
-                f"QAT does not support the layer {full!r} ({type(child).__name__})",
-                "QAT handles Linear and Conv2d layers (MLP and Nature-CNN policies)",
-            )
-        else:
-            n += convert(child, cfg, clock, full)
-    return n
+    return sum(
+        convert_layer(child, cfg, clock, f"{path}.{name}" if path else name)
+        for name, child in module.named_children()
+    )
+
+
+def convert_layer(layer: nn.Module, cfg: QATConfig, clock: QATClock, name: str) -> int:
+    """``layer`` itself if it is a Linear/Conv2d, else the layers under it (see convert)."""
+    if type(layer) is nn.Linear:
+        layer.__class__ = QATLinear
+        layer.qat_setup(cfg, clock, per_channel=False)  # type: ignore[attr-defined,operator]
+        return 1
+    if type(layer) is nn.Conv2d:
+        layer.__class__ = QATConv2d
+        layer.qat_setup(cfg, clock, per_channel=True)  # type: ignore[attr-defined,operator]
+        return 1
+    if isinstance(layer, (QATLinear, QATConv2d)):
+        return 1
+    if any(True for _ in layer.parameters(recurse=False)) and not isinstance(layer, _PASSTHROUGH):
+        raise InputError(
+            f"QAT does not support the layer {name!r} ({type(layer).__name__})",
+            "QAT handles Linear and Conv2d layers (MLP and Nature-CNN policies)",
+        )
+    return convert(layer, cfg, clock, name)
 
 
 def qat_layers(module: nn.Module) -> list[tuple[str, _QATMixin]]:

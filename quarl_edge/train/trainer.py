@@ -25,7 +25,8 @@ from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.text import markup_safe
 from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
-from quarl_edge.train.qat import QATClock, convert
+from quarl_edge.train.qat import QATClock
+from quarl_edge.train.qat_sb3 import check_scope, clock_callback, convert_scoped
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def validate(cfg: TrainConfig) -> EnvConfig:
             "--keep-best needs --checkpoint-every N (it scores the policy at every checkpoint)",
             "add e.g. --checkpoint-every 10000",
         )
+    check_scope(cfg.qat, cfg.algo, cfg.model or entry(cfg.env).default_model)
     if cfg.model == "nature_cnn" and not obs.is_image:
         raise InputError(
             f"the Nature-CNN needs image observations; {cfg.env} has {list(obs.shape)}", "use --model mlp"
@@ -143,22 +145,6 @@ def _progress_callback(total: int, label: str) -> Any:
             self.bar.stop()
 
     return RichProgress()
-
-
-def _qat_callback(clock: QATClock) -> Any:
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class QATStep(BaseCallback):
-        """Advances the QAT clock with the environment steps (fake quantization starts at the delay)."""
-
-        def _on_training_start(self) -> None:
-            clock.step = self.model.num_timesteps
-
-        def _on_step(self) -> bool:
-            clock.step = self.model.num_timesteps
-            return True
-
-    return QATStep()
 
 
 def _checkpoint_callback(every: int, save: Any) -> Any:
@@ -336,7 +322,7 @@ def train(cfg: TrainConfig) -> Policy:
     qat_info = None
     if cfg.qat and clock is not None:
         # in place: the optimizers keep their parameters; unsupported layers are refused before training
-        n_layers = convert(model.policy, cfg.qat, clock)
+        n_layers = convert_scoped(model, cfg.algo, cfg.qat, clock)
         clock.step = int(model.num_timesteps)
         qat_info = replace(cfg.qat, layers=n_layers)
     base = base_spec(env_id, cfg.algo, name=cfg.out.name, source="quarl-edge train")
@@ -380,7 +366,7 @@ def train(cfg: TrainConfig) -> Policy:
 
     callbacks = [_progress_callback(steps, f"{cfg.algo.upper()} {env_id}")]
     if clock is not None:
-        callbacks.append(_qat_callback(clock))
+        callbacks.append(clock_callback(clock))
     if cfg.checkpoint_every:
         callbacks.append(_checkpoint_callback(cfg.checkpoint_every, save))
     remaining = steps - int(model.num_timesteps)
