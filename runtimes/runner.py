@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import ModelSession, check_input, open_model
+from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
-from .manifest import Manifest, ModelEntry, load_manifest, model_path
+from .manifest import Manifest, ModelEntry, load_manifest
+from .policy import Policy
 from .trace import Trace, check_fits, load_trace
 
 Progress = Callable[[dict[str, Any]], None]
@@ -33,6 +34,8 @@ class EpisodeResult:
     length: int
     nonfinite_obs: int = 0
     error: str | None = None
+    act_ns: list[int] | None = None
+    """every act() call's time, in step order (only when the run measures in-loop latency)"""
 
 
 @dataclass
@@ -103,70 +106,79 @@ def peak_rss_mb() -> float:
 
 
 class PolicyRunner:
-    """One model of a bundle, loaded with an explicit thread count, ready to act."""
+    """One model of a bundle, loaded with an explicit thread count, ready to act, replay and be timed.
+
+    Its closed-loop episodes run ``Policy.act`` (runtimes.policy), the runtime API's own path.
+    """
 
     def __init__(
         self, bundle: str | Path, model: str, threads: int = 1, manifest: Manifest | None = None
     ) -> None:
         self.bundle = Path(bundle)
         self.manifest = manifest or load_manifest(self.bundle, models=[model])
-        self.entry: ModelEntry = self.manifest.model(model)
+        self.policy = Policy(self.bundle, self.manifest, self.manifest.model(model), threads)
+        self.entry: ModelEntry = self.policy.entry
         self.spec = self.manifest.policy
         self.threads = threads
-        t0 = time.perf_counter_ns()
-        self.session: ModelSession = open_model(
-            model_path(self.bundle, self.entry), self.entry.format, threads
-        )
-        self.load_ns = time.perf_counter_ns() - t0
-        check_input(self.session, self.spec.observation_space, model_path(self.bundle, self.entry))
-        self._obs_dtype = np.dtype(self.spec.observation_space.dtype)
-        self.first_inference_ns: int | None = None
+        self.session: ModelSession = self.policy.session
+        self.load_ns = self.policy.load_ns
+
+    @property
+    def first_inference_ns(self) -> int | None:
+        return self.policy.first_call_ns
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        if self.first_inference_ns is None:
-            t0 = time.perf_counter_ns()
-            out = self.session.run(obs)
-            self.first_inference_ns = time.perf_counter_ns() - t0
-            return out
-        return self.session.run(obs)
+        return self.policy.run_batch(obs)
 
     def act(self, obs: np.ndarray) -> Any:
-        """The environment action for one observation."""
-        out = self.act_batch(np.asarray(obs)[None])[0]
-        if self.spec.action_space.is_discrete:
-            return int(out)
-        return out.astype(np.float32)
+        """The environment action for one observation of the policy's observation space (frames
+        already stacked, as in a trace)."""
+        return self.policy.act_on_input(obs)
 
     def episodes(
-        self, seeds: Sequence[int], max_steps: int | None = None, progress: Progress | None = None
+        self,
+        seeds: Sequence[int],
+        max_steps: int | None = None,
+        progress: Progress | None = None,
+        timed: bool = False,
     ) -> list[EpisodeResult]:
-        env = make_env(self.spec.env)
+        """Closed-loop episodes on ``seeds``; ``timed``: each keeps the time of every act() call."""
+        env = self.policy.make_env()
         results = []
         try:
             for seed in seeds:
-                results.append(self._episode(env, int(seed), max_steps))
+                results.append(self._episode(env, int(seed), max_steps, timed))
                 if progress:
                     progress({"event": "episode", "model": self.entry.name, **asdict(results[-1])})
         finally:
             env.close()
         return results
 
-    def _episode(self, env: Any, seed: int, max_steps: int | None) -> EpisodeResult:
+    def _episode(self, env: Any, seed: int, max_steps: int | None, timed: bool) -> EpisodeResult:
         obs, _ = env.reset(seed=seed)
+        self.policy.reset()
+        act, clock = self.policy.act, time.perf_counter_ns
+        times: list[int] | None = [] if timed else None
         ret, steps, nonfinite = 0.0, 0, 0
         try:
             while True:
                 obs = np.asarray(obs)
                 if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
                     nonfinite += 1
-                obs, reward, terminated, truncated, _ = env.step(self.act(obs))
+                if times is None:
+                    action = act(obs)
+                else:  # between two real env steps: the caches are the env's, as in a control loop
+                    t0 = clock()
+                    action = act(obs)
+                    times.append(clock() - t0)
+                obs, reward, terminated, truncated, _ = env.step(action)
                 ret += float(reward)
                 steps += 1
                 if terminated or truncated or (max_steps is not None and steps >= max_steps):
                     break
         except Exception as e:  # a broken episode is reported, the bench goes on
-            return EpisodeResult(seed, ret, steps, nonfinite, error=f"{type(e).__name__}: {e}")
-        return EpisodeResult(seed, ret, steps, nonfinite)
+            return EpisodeResult(seed, ret, steps, nonfinite, f"{type(e).__name__}: {e}", times)
+        return EpisodeResult(seed, ret, steps, nonfinite, act_ns=times)
 
     def replay(self, trace: Trace) -> ReplayResult:
         """Actions for every recorded observation; non-finite observations are skipped and counted."""
