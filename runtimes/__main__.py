@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=50)
     r.add_argument("--max-steps", type=int, default=None)
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
+    r.add_argument("--hz", type=float, default=None, help="time act() in the episodes against a 1/HZ budget")
     r.add_argument(
         "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
     )
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             replay=not args.no_replay,
             progress=lambda ev: _emit(_finite(ev)),
             oversubscribe=args.oversubscribe,
+            hz=args.hz,
         )
         _emit({"event": "result", "result": _finite(result.to_dict())})
         return 0

@@ -20,6 +20,7 @@ import numpy as np
 from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
+from .loop import InLoopStats, check_hz, in_loop_stats
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
 from .trace import Trace, check_fits, load_trace
@@ -92,6 +93,8 @@ class ModelRun:
     replay_nonfinite_obs: int = 0
     peak_rss_mb: float = 0.0
     torch_imported: bool = False
+    in_loop: InLoopStats | None = None
+    """act() timed inside the episodes against the control period (runtimes.loop; with ``hz``)"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -252,13 +255,16 @@ def run_model(
     replay: bool = True,
     progress: Progress | None = None,
     oversubscribe: bool = False,
+    hz: float | None = None,
 ) -> ModelRun:
     """Measure one model: load, first inference, latency, trace replay, then episodes on ``seeds``.
 
     A ``measured`` event carries everything but the episodes before they start, so a host that loses
     the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
-    ``replay=False``.
+    ``replay=False``. ``hz``: time every act() of the episodes against a 1/hz budget (``in_loop``;
+    each episode keeps its times, so a host that resumes merges them).
     """
+    hz = check_hz(hz)
     if any(s < 0 for s in seeds):
         raise InputError(f"episode seeds must be >= 0 (got {min(seeds)})", "e.g. --seed 1000")
     cores = os.cpu_count() or 1
@@ -299,7 +305,9 @@ def run_model(
     if progress:
         result.peak_rss_mb = peak_rss_mb()
         progress({"event": "measured", "model": model, "run": result.to_dict()})
-    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress)
+    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress, timed=hz is not None)
+    if hz is not None:
+        result.in_loop = in_loop_stats((e.act_ns for e in result.episodes), hz, result.first_inference_ms)
     result.peak_rss_mb = peak_rss_mb()
     result.torch_imported = "torch" in sys.modules or "tensorflow" in sys.modules
     return result

@@ -19,11 +19,22 @@ REPORT_MARKDOWN = Kind("bench report Markdown", False, text_starts_with(MARKDOWN
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 
 
+IN_LOOP_COLUMNS = ("loop p99 us", "loop p99.9 us", "loop max us", "miss")
+"""with `bench --hz`: act() inside the closed-loop episodes, and the share of steps over the budget"""
+_TIMES = ("p50 us", "p99 us", "speedup", "loop p99 us", "loop p99.9 us", "loop max us", "miss")
+
+
+def _has_in_loop(report: dict[str, Any]) -> bool:
+    return (report.get("settings") or {}).get("hz") is not None
+
+
 def columns(report: dict[str, Any]) -> tuple[str, ...]:
-    """COLUMNS, with the latency columns marked when the device is emulated (qemu's time, not the board's)."""
+    """COLUMNS (+ IN_LOOP_COLUMNS with --hz), with the latency columns marked when the device is
+    emulated (qemu's time, not the board's)."""
+    cols = COLUMNS + (IN_LOOP_COLUMNS if _has_in_loop(report) else ())
     if not (report.get("device") or {}).get("emulated"):
-        return COLUMNS
-    return tuple(f"{c} (emulated)" if c in ("p50 us", "p99 us", "speedup") else c for c in COLUMNS)
+        return cols
+    return tuple(f"{c} (emulated)" if c in _TIMES else c for c in cols)
 
 
 def runtimes_line(report: dict[str, Any]) -> str:
@@ -68,7 +79,21 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 _f(agree.get("value"), "{:.3f}", ""),
             ]
         )
+        if _has_in_loop(report):
+            loop = m.get("in_loop") or {}
+            out[-1] += [_f(loop.get(k), "{:.1f}") for k in ("p99_us", "p999_us", "max_us")]
+            out[-1].append(_f(None if loop.get("miss_rate") is None else 100 * loop["miss_rate"], "{:.2f}%"))
     return out
+
+
+def in_loop_line(report: dict[str, Any]) -> str:
+    """What the in-loop columns count (with --hz), one line."""
+    hz = (report.get("settings") or {}).get("hz")
+    if hz is None:
+        return ""
+    return (f"loop: act() timed inside the closed-loop episodes, between real env steps (env.step not "
+            f"counted); miss: share of steps whose act() took over the {1e6 / hz:.1f} us budget of "
+            f"{hz:g} Hz; tight-loop p50/p99 beside it are the best case.")  # fmt: skip
 
 
 def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[str, str]], str, list[str]]:
@@ -82,10 +107,11 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     emulated = ", emulated: latency is qemu's, not the board's" if dev.get("emulated") else ""
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
-    after = [runtimes_line(report)]
+    after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
     if out is not None:
         after.append(
             f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%"
+            + (" --max-miss-rate 1%" if _has_in_loop(report) else "")
         )
     return before, title, after
 
@@ -132,12 +158,16 @@ def markdown(report: dict[str, Any]) -> str:
         md_cell(runtimes_line(report)),
         "",
         "| " + " | ".join(columns(report)) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "|" + "---|" * len(columns(report)),
     ]
     lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(report)]
     warn = [f"- {md_cell(m['name'])}: {md_cell(w)}" for m in report["models"] for w in m.get("warnings", [])]
     if warn:
         lines += ["", "Warnings:", *warn]
+    if _has_in_loop(report):
+        first = [f"{md_cell(m['name'])} {m['first_inference_ms']:.2f} ms" for m in report["models"]
+                 if isinstance(m.get("first_inference_ms"), int | float)]  # fmt: skip
+        lines += ["", md_cell(in_loop_line(report)), "", "First call after load: " + ", ".join(first) + "."]
     lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
               "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -190,7 +220,8 @@ def read_report(path: str | Path) -> dict[str, Any]:
 
 # the numbers the gate and the tables read, per model: (block, field); the block may be null
 _MODEL_NUMBERS = (("drift", "reward_drop_pct"), ("agreement", "value"), ("latency", "p50_us"), ("latency", "p99_us"),
-                  ("reward", "mean"), ("reward", "std"))  # fmt: skip
+                  ("reward", "mean"), ("reward", "std"), ("in_loop", "miss_rate"), ("in_loop", "p99_us"),
+                  ("in_loop", "p999_us"), ("in_loop", "max_us"), ("in_loop", "hz"))  # fmt: skip
 
 
 def _check_model(m: dict[str, Any], where: str) -> None:

@@ -30,6 +30,7 @@ from quarl_edge.bench.partial import PartialBench
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.loop import check_hz, in_loop_stats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import mean_ci95, mean_std
@@ -57,8 +58,11 @@ class BenchConfig:
     """replay trace for action agreement; default: the bundle's own trace.npz"""
     oversubscribe: bool = False
     """let --threads exceed the device's cores (the runner refuses that otherwise)"""
+    hz: float | None = None
+    """control rate: time act() inside the episodes against a 1/hz budget (runtimes.loop)"""
 
     def __post_init__(self) -> None:
+        check_hz(self.hz)
         if self.episodes < 0:
             raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
         if self.threads < 1:
@@ -106,6 +110,8 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
         args += ["--trace", str(cfg.trace)]
     if cfg.oversubscribe:
         args.append("--oversubscribe")
+    if cfg.hz is not None:
+        args += ["--hz", repr(cfg.hz)]
     return args
 
 
@@ -185,6 +191,14 @@ def _warnings(run: dict[str, Any]) -> list[str]:
     return out
 
 
+def _in_loop(run: dict[str, Any], hz: float | None) -> dict[str, Any] | None:
+    """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
+    if hz is None:
+        return None
+    stats = in_loop_stats((e.get("act_ns") for e in run["episodes"]), hz, run.get("first_inference_ms"))
+    return stats.to_dict() if stats else None
+
+
 def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[str, Any]) -> dict[str, Any]:
     """What a resumed bench must share with the interrupted one."""
     return {
@@ -197,6 +211,7 @@ def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[
         "warmup": cfg.warmup,
         "max_steps": cfg.max_steps,
         "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
+        "hz": cfg.hz,
     }
 
 
@@ -285,6 +300,7 @@ def bench(
                 if name == ref.name
                 else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
                 "warnings": _warnings(run),
+                "in_loop": _in_loop(run, cfg.hz),
             }
         )
     return {
@@ -306,6 +322,7 @@ def bench(
             "threads": cfg.threads,
             "latency_samples": cfg.latency_samples,
             "warmup": cfg.warmup,
+            "hz": cfg.hz,
         },
         "reference": ref.name,
         "models": models,
