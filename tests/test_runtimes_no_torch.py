@@ -146,6 +146,7 @@ def test_device_info_runs_without_torch(blocked_env: tuple[dict[str, str], Path]
     assert p.returncode == 0, p.stderr[-3000:]
     info = json.loads(p.stdout.splitlines()[-1])
     assert info["event"] == "info" and info["runtimes"]["onnxruntime"]
+    assert info["cpu_features"] and info["ort_providers"] and "emulation" in info
     assert "blocked torch for quarl_edge" not in log.read_text()
 
 

@@ -10,6 +10,7 @@ from quarl_edge.outputs import Kind, json_format, text_starts_with
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.facts import facts_text
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.text import md_cell
 
@@ -108,6 +109,8 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
     after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
+    if dev.get("machine"):
+        after.append(f"device: {facts_text(dev)}")
     if out is not None:
         after.append(
             f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%"
@@ -157,6 +160,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         md_cell(runtimes_line(report)),
         "",
+        *([f"Device facts: {md_cell(facts_text(d))}.", ""] if d.get("machine") else []),
         "| " + " | ".join(columns(report)) + " |",
         "|" + "---|" * len(columns(report)),
     ]

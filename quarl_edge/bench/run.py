@@ -12,13 +12,9 @@ part-way can be resumed.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ import numpy as np
 
 from quarl_edge import __version__
 from quarl_edge.bench.partial import PartialBench
+from quarl_edge.bench.transport import Event, Transport, local_transport
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
@@ -37,10 +34,6 @@ from quarl_edge.stats import mean_ci95, mean_std
 
 REPORT_FORMAT = "quarl-edge/report"
 REPORT_VERSION = 1
-
-Event = dict[str, Any]
-# A transport runs the device runner with these arguments and yields its JSON-lines events.
-Transport = Callable[[Path, list[str]], Iterator[Event]]
 
 
 @dataclass(frozen=True)
@@ -80,22 +73,6 @@ class BenchConfig:
     @property
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.episodes))
-
-
-def local_transport(bundle: Path, args: list[str]) -> Iterator[Event]:
-    """Run the device runner as a child process of this Python, reading its JSON lines."""
-    env = dict(os.environ, PYTHONSAFEPATH="1")  # never import from the caller's cwd
-    cmd = [sys.executable, "-m", "quarl_edge.runtimes", "run", "--bundle", str(bundle), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            yield json.loads(line)
-    err = proc.stderr.read()
-    if proc.wait() not in (0, 2):
-        tail = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
-        raise QuarlError(f"the runner crashed: {tail}", "run again with --debug, or report a bug")
 
 
 def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool = False) -> list[str]:
