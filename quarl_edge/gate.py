@@ -181,6 +181,9 @@ def check_in_loop(report: dict[str, Any]) -> None:
                 f"the report has no in-loop latency for {m['name']!r}, so --max-miss-rate has nothing to check",
                 "bench with a control rate: `quarl-edge bench --bundle B --hz 50 --out REPORT.json`",
             )
+        if not (0 <= loop["miss_rate"] <= 1 and 0 <= loop["over_budget"] <= loop["steps"]):  # nan fails too
+            raise InputError(f"the report's in-loop figures for {m['name']!r} are not a share of steps",
+                             "re-run `quarl-edge bench --hz`")  # fmt: skip
 
 
 def check_rows(checks: list[Check]) -> list[list[str]]:

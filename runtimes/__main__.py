@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
     r.add_argument("--hz", type=float, default=None, help="time act() in the episodes against a 1/HZ budget")
     r.add_argument(
+        "--duration", type=float, default=None, help="seconds of sustained loop with thermal readings"
+    )
+    r.add_argument(
         "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
     )
     sub.add_parser("info", help="device facts as JSON")
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=lambda ev: _emit(_finite(ev)),
             oversubscribe=args.oversubscribe,
             hz=args.hz,
+            duration_s=args.duration,
         )
         _emit({"event": "result", "result": _finite(result.to_dict())})
         return 0

@@ -114,6 +114,11 @@ def emulation(machine: str, kernel_arch: str | None) -> dict[str, Any] | None:
     return {"emulator": "qemu-user", "kernel_arch": kernel_arch, "qemu_cpu": _cut(os.environ.get("QEMU_CPU"))}
 
 
+def is_emulated() -> bool:
+    """Whether this process runs under qemu-user (see ``emulation``)."""
+    return emulation(platform.machine(), _cut(_read("/proc/sys/kernel/arch"))) is not None
+
+
 def _mem_total_mb() -> float | None:
     for line in (_read("/proc/meminfo") or "").splitlines():
         if line.startswith("MemTotal:"):

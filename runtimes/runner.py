@@ -20,9 +20,11 @@ import numpy as np
 from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
+from .facts import is_emulated
 from .loop import InLoopStats, check_hz, in_loop_stats
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
+from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
 Progress = Callable[[dict[str, Any]], None]
@@ -95,6 +97,8 @@ class ModelRun:
     torch_imported: bool = False
     in_loop: InLoopStats | None = None
     """act() timed inside the episodes against the control period (runtimes.loop; with ``hz``)"""
+    sustained: SustainedStats | None = None
+    """the model run back to back for ``duration_s``, with the board's thermal readings"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -203,16 +207,7 @@ class PolicyRunner:
 
     def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
         """Single-observation latency, cycling through ``observations``, after ``warmup`` runs."""
-        flat = observations.reshape(observations.shape[0], -1)
-        if observations.dtype.kind == "f":
-            observations = observations[np.all(np.isfinite(flat), axis=1)]
-        if observations.shape[0] == 0:
-            raise InputError(
-                "no finite observations to time the model on", "record a trace with finite observations"
-            )
-        batches = [
-            np.ascontiguousarray(observations[i : i + 1]) for i in range(min(observations.shape[0], 256))
-        ]
+        batches = timing_batches(observations)
         for i in range(warmup):
             self.act_batch(batches[i % len(batches)])
         out = np.empty(samples, dtype=np.int64)
@@ -224,6 +219,18 @@ class PolicyRunner:
             run(b)
             out[i] = clock() - t0
         return LatencyStats.from_ns(out)
+
+
+def timing_batches(observations: np.ndarray) -> list[np.ndarray]:
+    """Up to 256 single-observation batches of the finite ``observations``, to time a model on."""
+    flat = observations.reshape(observations.shape[0], -1)
+    if observations.dtype.kind == "f":
+        observations = observations[np.all(np.isfinite(flat), axis=1)]
+    if observations.shape[0] == 0:
+        raise InputError(
+            "no finite observations to time the model on", "record a trace with finite observations"
+        )
+    return [np.ascontiguousarray(observations[i : i + 1]) for i in range(min(observations.shape[0], 256))]
 
 
 def sample_observations(runner: PolicyRunner, n: int = 64, seed: int = 0) -> np.ndarray:
@@ -256,15 +263,17 @@ def run_model(
     progress: Progress | None = None,
     oversubscribe: bool = False,
     hz: float | None = None,
+    duration_s: float | None = None,
 ) -> ModelRun:
     """Measure one model: load, first inference, latency, trace replay, then episodes on ``seeds``.
 
     A ``measured`` event carries everything but the episodes before they start, so a host that loses
     the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
     ``replay=False``. ``hz``: time every act() of the episodes against a 1/hz budget (``in_loop``;
-    each episode keeps its times, so a host that resumes merges them).
+    each episode keeps its times, so a host that resumes merges them). ``duration_s``: after the
+    latency, a sustained loop of that long with thermal readings (runtimes.sustained).
     """
-    hz = check_hz(hz)
+    hz, duration_s = check_hz(hz), check_duration(duration_s)
     if any(s < 0 for s in seeds):
         raise InputError(f"episode seeds must be >= 0 (got {min(seeds)})", "e.g. --seed 1000")
     cores = os.cpu_count() or 1
@@ -296,6 +305,10 @@ def run_model(
         result.latency = runner.latency(obs_for_timing, latency_samples, warmup)
         if progress:
             progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
+    if duration_s is not None:
+        result.sustained = sustained(
+            runner.session.run, timing_batches(obs_for_timing), duration_s, is_emulated()
+        )
     if trace is not None and replay:
         rep = runner.replay(trace)
         result.replay_actions = [

@@ -619,7 +619,8 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
     nothing presents qemu's latency as the board's."""
     out = tmp_path / "r.json"
     t0 = time.monotonic()
-    r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--out", out)
+    r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--duration", "1s",
+            "--out", out)  # fmt: skip
     took = _since(t0)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -640,6 +641,12 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
         "int8 ISA: asimd; without asimdhp, asimddp, i8mm, bf16 (from hwcap)"
         in out.with_suffix(".md").read_text()
     )
+    # a sustained loop on the board: its sensors would be the host's, so none is read or shown as the board's
+    for m in report["models"]:
+        assert m["sustained"]["calls"] > 0 and m["sustained"]["emulated"] is True, m["name"]
+        assert m["sustained"]["not_exposed"] == ["temperature", "clock", "throttling"]
+        assert all(r["temp_c"] is None and r["freq_mhz"] is None for r in m["sustained"]["readings"])
+    assert "temperature, clock, throttling not exposed (emulated" in out.with_suffix(".md").read_text()
     installed = device["runtimes"]
     assert installed["onnxruntime"] and installed["ai_edge_litert"] and installed["gymnasium"], installed
     # what the board runs is what its wheelhouse pinned (the host's versions where aarch64 wheels exist)

@@ -78,7 +78,7 @@ def _check_run(v: Any, where: str, fix: str) -> dict[str, Any] | None:
         schema.text(run.get(k), f"{where} {k}", fix, 256)
     for k in _RUN_NUMBERS:
         schema.number(run.get(k), f"{where} {k}", fix)
-    for k in ("latency",):
+    for k in ("latency", "in_loop", "sustained"):
         if run.get(k) is not None:
             schema.obj(run[k], f"{where} {k}", fix)
     for k in ("episodes", "replay_actions"):

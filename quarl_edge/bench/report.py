@@ -41,7 +41,7 @@ def columns(report: dict[str, Any]) -> tuple[str, ...]:
 def runtimes_line(report: dict[str, Any]) -> str:
     """Which runtime (and version) ran each model where the bench ran, and the one the bundle was checked
     with when that differs (e.g. an older LiteRT on a board without wheels of the host's)."""
-    where = "on the device" if (report.get("device") or {}).get("machine") else "here"
+    where = "on the device" if (report.get("device") or {}).get("transport", "local") != "local" else "here"
     by_runtime: dict[str, list[str]] = {}
     for m in report["models"]:
         runtime = str(m.get("runtime") or "?")
@@ -97,6 +97,48 @@ def in_loop_line(report: dict[str, Any]) -> str:
             f"{hz:g} Hz; tight-loop p50/p99 beside it are the best case.")  # fmt: skip
 
 
+def _reading(readings: list[Any], key: str) -> tuple[float, float] | None:
+    """A reading's value (max temperature, mean clock) before the loop and after it."""
+    vals = []
+    for r in (readings[0], readings[-1]) if readings else ():
+        v = r.get(key) if isinstance(r, dict) else None
+        nums = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else []
+        nums = [x for x in nums if isinstance(x, int | float) and not isinstance(x, bool)]
+        vals.append((max(nums) if key == "temp_c" else sum(nums) / len(nums)) if nums else None)
+    return (vals[0], vals[1]) if len(vals) == 2 and None not in vals else None  # type: ignore[return-value]
+
+
+def sustained_lines(report: dict[str, Any]) -> list[str]:
+    """One line per model with `bench --duration`: latency first and last second, temperature, clock,
+    throttling before → after, or what the board does not expose."""
+    out = []
+    for m in report["models"]:
+        b = m.get("sustained")
+        if not isinstance(b, dict):
+            continue
+        readings: list[Any] = b["readings"] if isinstance(b.get("readings"), list) else []
+        parts = [f"{m['name']} sustained {b.get('duration_s')} s: {b.get('calls')} calls, p50 "
+                 f"{_f(b.get('first_p50_us'), '{:.1f}')} → {_f(b.get('last_p50_us'), '{:.1f}')} us "
+                 f"(x{_f(b.get('slowdown'), '{:.2f}')})"]  # fmt: skip
+        temp, clock = _reading(readings, "temp_c"), _reading(readings, "freq_mhz")
+        if temp:
+            parts.append(
+                f"temperature {temp[0]:.1f} → {temp[1]:.1f} °C (max {_f(b.get('max_temp_c'), '{:.1f}')})"
+            )
+        if clock:
+            parts.append(
+                f"clock {clock[0]:.0f} → {clock[1]:.0f} MHz (drop {_f(b.get('clock_drop_pct'), '{:.0f}')}%)"
+            )
+        if "throttling" not in (b.get("not_exposed") or []):
+            parts.append(f"throttling: {', '.join(map(str, b.get('throttle_flags') or [])) or 'none'}")
+        hidden = [str(x) for x in b.get("not_exposed") or []]
+        if hidden:
+            why = " (emulated: the sensors there are the host's)" if b.get("emulated") else ""
+            parts.append(f"{', '.join(hidden)} not exposed{why}")
+        out.append("; ".join(parts))
+    return out
+
+
 def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[str, str]], str, list[str]]:
     """What `quarl-edge bench` prints around its table: (label, line) pairs before (warnings, labelled
     "warning:", and the harness line), the table's title, and the runtimes line and the files written
@@ -109,6 +151,7 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
     after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
+    after += sustained_lines(report)
     if dev.get("machine"):
         after.append(f"device: {facts_text(dev)}")
     if out is not None:
@@ -165,6 +208,13 @@ def markdown(report: dict[str, Any]) -> str:
         "|" + "---|" * len(columns(report)),
     ]
     lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(report)]
+    sustained = sustained_lines(report)
+    if sustained:
+        lines += [
+            "",
+            "Sustained loop (`--duration`), per one-second window:",
+            *[f"- {md_cell(x)}" for x in sustained],
+        ]
     warn = [f"- {md_cell(m['name'])}: {md_cell(w)}" for m in report["models"] for w in m.get("warnings", [])]
     if warn:
         lines += ["", "Warnings:", *warn]
@@ -225,7 +275,8 @@ def read_report(path: str | Path) -> dict[str, Any]:
 # the numbers the gate and the tables read, per model: (block, field); the block may be null
 _MODEL_NUMBERS = (("drift", "reward_drop_pct"), ("agreement", "value"), ("latency", "p50_us"), ("latency", "p99_us"),
                   ("reward", "mean"), ("reward", "std"), ("in_loop", "miss_rate"), ("in_loop", "p99_us"),
-                  ("in_loop", "p999_us"), ("in_loop", "max_us"), ("in_loop", "hz"))  # fmt: skip
+                  ("in_loop", "p999_us"), ("in_loop", "max_us"), ("in_loop", "hz"), ("sustained", "slowdown"),
+                  ("sustained", "clock_drop_pct"), ("sustained", "max_temp_c"))  # fmt: skip
 
 
 def _check_model(m: dict[str, Any], where: str) -> None:
@@ -242,5 +293,8 @@ def _check_model(m: dict[str, Any], where: str) -> None:
         schema.obj(b, f"{where}: {name} {block}", fix)
         if b.get(key) is not None:
             schema.number(b[key], f"{where}: {name} {block}.{key}", fix, finite=False)
-    for w in m.get("warnings") or []:
+    warnings = m.get("warnings") or []
+    if not isinstance(warnings, list):
+        raise InputError(f"{where}: {name} warnings is not a list", fix)
+    for w in warnings:
         schema.text(w, f"{where}: {name} warning", fix)

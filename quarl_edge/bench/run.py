@@ -29,6 +29,7 @@ from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.loop import check_hz, in_loop_stats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import mean_ci95, mean_std
 
@@ -53,9 +54,12 @@ class BenchConfig:
     """let --threads exceed the device's cores (the runner refuses that otherwise)"""
     hz: float | None = None
     """control rate: time act() inside the episodes against a 1/hz budget (runtimes.loop)"""
+    duration_s: float | None = None
+    """a sustained loop per model, with the board's temperature, clock and throttling (runtimes.sustained)"""
 
     def __post_init__(self) -> None:
         check_hz(self.hz)
+        check_duration(self.duration_s)
         if self.episodes < 0:
             raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
         if self.threads < 1:
@@ -89,6 +93,8 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
         args.append("--oversubscribe")
     if cfg.hz is not None:
         args += ["--hz", repr(cfg.hz)]
+    if cfg.duration_s is not None and not measured:
+        args += ["--duration", repr(cfg.duration_s)]
     return args
 
 
@@ -165,7 +171,7 @@ def _warnings(run: dict[str, Any]) -> list[str]:
             out.append(f"episode seed {e['seed']} failed: {e['error']}")
     if run.get("torch_imported"):
         out.append("the runner imported torch or tensorflow (it must not on a device)")
-    return out
+    return out + sustained_warnings(run.get("sustained"))
 
 
 def _in_loop(run: dict[str, Any], hz: float | None) -> dict[str, Any] | None:
@@ -189,6 +195,7 @@ def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[
         "max_steps": cfg.max_steps,
         "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
         "hz": cfg.hz,
+        "duration_s": cfg.duration_s,
     }
 
 
@@ -278,6 +285,7 @@ def bench(
                 else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
                 "warnings": _warnings(run),
                 "in_loop": _in_loop(run, cfg.hz),
+                "sustained": run.get("sustained"),
             }
         )
     return {
@@ -300,6 +308,7 @@ def bench(
             "latency_samples": cfg.latency_samples,
             "warmup": cfg.warmup,
             "hz": cfg.hz,
+            "duration_s": cfg.duration_s,
         },
         "reference": ref.name,
         "models": models,

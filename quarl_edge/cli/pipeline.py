@@ -170,6 +170,7 @@ def bench(
     out: Annotated[Path | None, out_option("report .json (a .md is written beside it)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="finish an interrupted bench (its --out .partial.json)")] = False,
     hz: Annotated[float | None, typer.Option("--hz", help="control rate: time act() inside the episodes, count steps over the 1/HZ budget")] = None,
+    duration: Annotated[str | None, typer.Option("--duration", help="per model, a sustained loop this long (60s, 2m) with the board's temperature, clock, throttling")] = None,
     host: HostOpt = None,
     user: UserOpt = None,
     port: PortOpt = None,
@@ -180,9 +181,11 @@ def bench(
     from quarl_edge.bench.device import bench_on_device, model_count
     from quarl_edge.bench.report import columns, print_lines, rows
     from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.runtimes.sustained import parse_duration
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
-                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz)  # fmt: skip
+                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
+                      duration_s=None if duration is None else parse_duration(duration))  # fmt: skip
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
 
         def on_event(ev: dict[str, Any]) -> None:
