@@ -154,6 +154,7 @@ class Policy:
         self._discrete = self.spec.action_space.is_discrete
         self.first_call_ns: int | None = None
         self.warmup_ns: tuple[int, ...] = ()
+        self._manifest_sha256 = sha256_file(self.bundle / MANIFEST_NAME)
 
     # -- the control loop ---------------------------------------------------------------------------
 
@@ -226,7 +227,7 @@ class Policy:
             file=self.entry.file,
             sha256=self.entry.sha256,
             size_bytes=self.entry.size_bytes,
-            manifest_sha256=sha256_file(self.bundle / MANIFEST_NAME),
+            manifest_sha256=self._manifest_sha256,
             policy=self.spec.name,
             algo=self.spec.algo,
             env_id=self.spec.env.id,
