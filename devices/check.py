@@ -10,6 +10,7 @@ from typing import Any
 
 from quarl_edge.devices.profiles import DeviceProfile
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.facts import features_text
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,19 @@ class DeviceCheck:
         rows = [[k, str(f.get(key) or "-") if key == "board" else str(f.get(key))]
                 for k, key in (("machine", "machine"), ("cpu", "cpu_model"), ("board", "board"), ("cores", "cores"),
                                ("python", "python"), ("uname", "uname"))]  # fmt: skip
-        return rows + [[f"import {m}", v if v else "no"] for m, v in (f.get("runtimes") or {}).items()]
+        src = f" (from {f['cpu_features_source']})" if f.get("cpu_features_source") else ""
+        mem = f.get("mem_total_mb")
+        emu = f.get("emulation") if isinstance(f.get("emulation"), dict) else None
+        rows += [["int8 ISA", features_text(f.get("cpu_features")) + src],
+                 ["governor", str(f.get("governor") or "not exposed")],
+                 ["memory", f"{mem / 1024:.1f} GiB" if isinstance(mem, int | float) else "-"],
+                 ["os", str(f.get("os") or "-")],
+                 ["emulation", f"{emu.get('emulator')}, CPU model {emu.get('qemu_cpu') or 'qemu default'}" if emu else "no"]]  # fmt: skip
+        rows += [[f"import {m}", v if v else "no"] for m, v in (f.get("runtimes") or {}).items()]
+        providers = f.get("ort_providers")
+        return rows + (
+            [["ort providers", ", ".join(map(str, providers))]] if isinstance(providers, list) else []
+        )
 
 
 def local_facts() -> dict[str, Any]:

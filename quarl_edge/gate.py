@@ -1,4 +1,4 @@
-"""The CI gate: thresholds on reward drop, action agreement and p99 latency.
+"""The CI gate: thresholds on reward drop, action agreement, p99 latency and deadline misses.
 
 Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input:
 a report with nothing to check (only the fp32 reference), a model without a name or with a name
@@ -45,12 +45,15 @@ class GateConfig:
     """smallest allowed action agreement with fp32 on the recorded trace (0..1)"""
     max_p99_ms: float | None = None
     """largest allowed p99 single-inference latency, milliseconds"""
+    max_miss_rate_pct: float | None = None
+    """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
 
     def __post_init__(self) -> None:
         # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
         for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
                                      ("--min-agreement", self.min_agreement, "0.95"),
-                                     ("--max-p99-ms", self.max_p99_ms, "5")):  # fmt: skip
+                                     ("--max-p99-ms", self.max_p99_ms, "5"),
+                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%")):  # fmt: skip
             if value is not None and not math.isfinite(value):
                 raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
         if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
@@ -59,6 +62,8 @@ class GateConfig:
             raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
         if self.max_p99_ms is not None and self.max_p99_ms <= 0:
             raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
+        if self.max_miss_rate_pct is not None and not 0 <= self.max_miss_rate_pct <= 100:
+            raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
 
 
 def parse_percent(text: str) -> float:
@@ -114,6 +119,8 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
     """Every check on every non-reference model (the fp32 reference is checked for latency only);
     an unusable report is an InputError (check_gateable)."""
     check_gateable(report)
+    if cfg.max_miss_rate_pct is not None:
+        check_in_loop(report)
     checks: list[Check] = []
     for m in report["models"]:
         name, is_ref = m["name"], m["name"] == report["reference"]
@@ -149,7 +156,34 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
                 ok = ms <= cfg.max_p99_ms
                 checks.append(Check(name, "p99_latency", ok, ms, cfg.max_p99_ms,
                                     f"{name}: p99 {ms:.3f} ms {'<=' if ok else '>'} {cfg.max_p99_ms:g} ms"))  # fmt: skip
+        if cfg.max_miss_rate_pct is not None:
+            checks.append(_miss_check(name, m.get("in_loop"), cfg.max_miss_rate_pct))
     return checks
+
+
+def _miss_check(name: str, loop: Any, limit: float) -> Check:
+    rate = 100.0 * loop["miss_rate"]
+    ok = rate <= limit
+    return Check(name, "deadline_miss_rate", ok, rate, limit,
+                 f"{name}: {loop['over_budget']} of {loop['steps']} steps over the {loop['budget_us']:.1f} us "
+                 f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)")  # fmt: skip
+
+
+def check_in_loop(report: dict[str, Any]) -> None:
+    """--max-miss-rate needs every model's in-loop block (`bench --hz`): without it the gate cannot judge."""
+    for m in report["models"]:
+        loop = m.get("in_loop")
+        if not isinstance(loop, dict) or not all(
+            isinstance(loop.get(k), int | float) and not isinstance(loop.get(k), bool)
+            for k in ("miss_rate", "over_budget", "steps", "budget_us")
+        ):
+            raise InputError(
+                f"the report has no in-loop latency for {m['name']!r}, so --max-miss-rate has nothing to check",
+                "bench with a control rate: `quarl-edge bench --bundle B --hz 50 --out REPORT.json`",
+            )
+        if not (0 <= loop["miss_rate"] <= 1 and 0 <= loop["over_budget"] <= loop["steps"]):  # nan fails too
+            raise InputError(f"the report's in-loop figures for {m['name']!r} are not a share of steps",
+                             "re-run `quarl-edge bench --hz`")  # fmt: skip
 
 
 def check_rows(checks: list[Check]) -> list[list[str]]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from typing import Any
 
 from .errors import QuarlError
+from .facts import device_info
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -45,106 +45,6 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def device_info() -> dict[str, Any]:
-    import importlib
-
-    info: dict[str, Any] = {
-        "uname": " ".join(platform.uname()),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpu_model": _cpu_model(),
-        "board": _board(),
-        "cores": _cores(),
-        "runtimes": {},
-    }
-    info["modules"] = _env_modules()
-    info["disk_free_bytes"] = _disk_free()
-    for mod in ("numpy", "onnxruntime", "ai_edge_litert", "tflite_runtime", "gymnasium"):
-        try:
-            m = importlib.import_module(mod)
-            info["runtimes"][mod] = getattr(m, "__version__", "installed")
-        except Exception:  # any import failure means "not usable here"
-            info["runtimes"][mod] = None
-    return info
-
-
-def _env_modules() -> dict[str, bool]:
-    """Which env packages the device has (found, not imported: importing ale_py or mujoco takes seconds
-    on a board), for the host's pre-flight check before it measures anything."""
-    import importlib.util
-
-    try:
-        from .envs import ENV_MODULES
-    except ImportError:  # no numpy: the runner cannot run anyway, and the facts say so
-        return {}
-    out = {}
-    for mod in (*ENV_MODULES, "cv2", "imageio"):  # cv2: Atari preprocessing; imageio: gymnasium's MuJoCo
-        try:
-            out[mod] = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            out[mod] = False
-    return out
-
-
-def _disk_free() -> int | None:
-    """Free bytes where the runner lives (the device's cache, where bundles are uploaded)."""
-    import shutil
-
-    path = os.path.abspath(sys.argv[0] or ".")
-    while path and not os.path.isdir(path):  # the zipapp: .../cache/runner-x.pyz
-        path = os.path.dirname(path)
-    try:
-        return int(shutil.disk_usage(path or ".").free)
-    except OSError:
-        return None
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-# ARM "CPU part" ids of the cores found on Pi-class boards (/proc/cpuinfo has no model name there)
-_ARM_PARTS = {"0xd03": "Cortex-A53", "0xd04": "Cortex-A35", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57",
-              "0xd08": "Cortex-A72", "0xd09": "Cortex-A73", "0xd0a": "Cortex-A75", "0xd0b": "Cortex-A76",
-              "0xd0c": "Neoverse-N1", "0xd41": "Cortex-A78", "0xd42": "Cortex-A78AE", "0xd4b": "Cortex-A78C"}  # fmt: skip
-
-
-def _cpuinfo() -> dict[str, str]:
-    """First value of each /proc/cpuinfo key (lower-case keys)."""
-    out: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if ":" in line:
-                    key, value = line.split(":", 1)
-                    out.setdefault(key.strip().lower(), value.strip())
-    except OSError:
-        pass
-    return out
-
-
-def _cpu_model() -> str:
-    info = _cpuinfo()
-    if info.get("model name"):
-        return info["model name"]
-    part = _ARM_PARTS.get(info.get("cpu part", "").lower())
-    if part:
-        return part
-    return info.get("hardware") or platform.processor() or platform.machine()
-
-
-def _board() -> str | None:
-    """The board's model (Raspberry Pi, Jetson) from the device tree or /proc/cpuinfo, if it says."""
-    try:
-        with open("/proc/device-tree/model", "rb") as f:
-            return f.read().rstrip(b"\0\n").decode(errors="replace") or None
-    except OSError:
-        model = _cpuinfo().get("model", "")  # x86 has a numeric "model"; a Pi's names the board
-        return model if model and not model.isdigit() else None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m quarl_edge.runtimes")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -158,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=50)
     r.add_argument("--max-steps", type=int, default=None)
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
+    r.add_argument("--hz", type=float, default=None, help="time act() in the episodes against a 1/HZ budget")
+    r.add_argument(
+        "--duration", type=float, default=None, help="seconds of sustained loop with thermal readings"
+    )
     r.add_argument(
         "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
     )
@@ -193,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             replay=not args.no_replay,
             progress=lambda ev: _emit(_finite(ev)),
             oversubscribe=args.oversubscribe,
+            hz=args.hz,
+            duration_s=args.duration,
         )
         _emit({"event": "result", "result": _finite(result.to_dict())})
         return 0

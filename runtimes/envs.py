@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -141,10 +142,38 @@ def import_env_modules(config: EnvConfig) -> None:
             gym.register_envs(mod)
 
 
-def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
-    """Create the environment with its preprocessing wrappers, exactly as the policy was trained."""
+# Wrappers whose only effect is on the observation, keeping per-episode state: the deployed policy holds
+# them (runtimes.policy), so a control loop feeds it the env's own observation and `reset()` clears them.
+POLICY_SIDE = ("frame_stack",)
+# Wrappers that pass observations through unchanged: a policy-side wrapper may sit before them.
+_OBS_TRANSPARENT = ("time_limit",)
+
+
+def split_wrappers(config: EnvConfig) -> tuple[EnvConfig, tuple[WrapperConfig, ...]]:
+    """The environment a deployed policy acts in, and the wrappers the policy applies itself (in order).
+
+    A frame stack moves to the policy only when nothing after it transforms observations (a frame
+    stack before an Atari preprocessing would see other frames than the ones the policy gets).
+    """
+    tail = len(config.wrappers)
+    while tail > 0 and config.wrappers[tail - 1].name in POLICY_SIDE + _OBS_TRANSPARENT:
+        tail -= 1
+    policy = tuple(w for w in config.wrappers[tail:] if w.name in POLICY_SIDE)
+    env = config.wrappers[:tail] + tuple(w for w in config.wrappers[tail:] if w.name not in POLICY_SIDE)
+    return replace(config, wrappers=env), policy
+
+
+def make_env(config: EnvConfig, render_mode: str | None = None, *, policy_side: bool = True) -> Any:
+    """Create the environment with its preprocessing wrappers, exactly as the policy was trained.
+
+    ``policy_side=False``: without the wrappers a deployed policy applies itself (split_wrappers), the
+    environment whose observations ``Policy.act`` takes.
+    """
     import gymnasium as gym
     from gymnasium import error as gym_error
+
+    if not policy_side:
+        config = split_wrappers(config)[0]
 
     import_env_modules(config)
     kwargs = dict(config.make_kwargs)

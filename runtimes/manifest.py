@@ -176,10 +176,15 @@ def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] 
     if verify:
         for m in manifest.models:
             if models is None or m.name in models:
-                _check_file(bundle, m.file, m.sha256, m.name)
+                verify_model(bundle, m)
         if manifest.trace:
             _check_file(bundle, manifest.trace["file"], manifest.trace["sha256"], "trace")
     return manifest
+
+
+def verify_model(bundle: str | Path, entry: ModelEntry) -> Path:
+    """The model file's path, once its sha256 matches the manifest's (IntegrityError otherwise)."""
+    return _check_file(Path(bundle), entry.file, entry.sha256, entry.name)
 
 
 def model_path(bundle: str | Path, entry: ModelEntry) -> Path:

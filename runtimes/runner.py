@@ -17,10 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import ModelSession, check_input, open_model
+from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
-from .manifest import Manifest, ModelEntry, load_manifest, model_path
+from .facts import is_emulated
+from .loop import InLoopStats, check_hz, in_loop_stats
+from .manifest import Manifest, ModelEntry, load_manifest
+from .policy import Policy
+from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
 Progress = Callable[[dict[str, Any]], None]
@@ -33,6 +37,8 @@ class EpisodeResult:
     length: int
     nonfinite_obs: int = 0
     error: str | None = None
+    act_ns: list[int] | None = None
+    """every act() call's time, in step order (only when the run measures in-loop latency)"""
 
 
 @dataclass
@@ -89,6 +95,10 @@ class ModelRun:
     replay_nonfinite_obs: int = 0
     peak_rss_mb: float = 0.0
     torch_imported: bool = False
+    in_loop: InLoopStats | None = None
+    """act() timed inside the episodes against the control period (runtimes.loop; with ``hz``)"""
+    sustained: SustainedStats | None = None
+    """the model run back to back for ``duration_s``, with the board's thermal readings"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,72 +113,81 @@ def peak_rss_mb() -> float:
 
 
 class PolicyRunner:
-    """One model of a bundle, loaded with an explicit thread count, ready to act."""
+    """One model of a bundle, loaded with an explicit thread count, ready to act, replay and be timed.
+
+    Its closed-loop episodes run ``Policy.act`` (runtimes.policy), the runtime API's own path.
+    """
 
     def __init__(
         self, bundle: str | Path, model: str, threads: int = 1, manifest: Manifest | None = None
     ) -> None:
         self.bundle = Path(bundle)
         self.manifest = manifest or load_manifest(self.bundle, models=[model])
-        self.entry: ModelEntry = self.manifest.model(model)
+        self.policy = Policy(self.bundle, self.manifest, self.manifest.model(model), threads)
+        self.entry: ModelEntry = self.policy.entry
         self.spec = self.manifest.policy
         self.threads = threads
-        t0 = time.perf_counter_ns()
-        self.session: ModelSession = open_model(
-            model_path(self.bundle, self.entry), self.entry.format, threads
-        )
-        self.load_ns = time.perf_counter_ns() - t0
-        check_input(self.session, self.spec.observation_space, model_path(self.bundle, self.entry))
-        self._obs_dtype = np.dtype(self.spec.observation_space.dtype)
-        self.first_inference_ns: int | None = None
+        self.session: ModelSession = self.policy.session
+        self.load_ns = self.policy.load_ns
+
+    @property
+    def first_inference_ns(self) -> int | None:
+        return self.policy.first_call_ns
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        if self.first_inference_ns is None:
-            t0 = time.perf_counter_ns()
-            out = self.session.run(obs)
-            self.first_inference_ns = time.perf_counter_ns() - t0
-            return out
-        return self.session.run(obs)
+        return self.policy.run_batch(obs)
 
     def act(self, obs: np.ndarray) -> Any:
-        """The environment action for one observation."""
-        out = self.act_batch(np.asarray(obs)[None])[0]
-        if self.spec.action_space.is_discrete:
-            return int(out)
-        return out.astype(np.float32)
+        """The environment action for one observation of the policy's observation space (frames
+        already stacked, as in a trace)."""
+        return self.policy.act_on_input(obs)
 
     def episodes(
-        self, seeds: Sequence[int], max_steps: int | None = None, progress: Progress | None = None
+        self,
+        seeds: Sequence[int],
+        max_steps: int | None = None,
+        progress: Progress | None = None,
+        timed: bool = False,
     ) -> list[EpisodeResult]:
+        """Closed-loop episodes on ``seeds``; ``timed``: each keeps the time of every act() call."""
         if not seeds:  # latency only, or the env runs on the host (bench --env-on-host): no env here
             return []
-        env = make_env(self.spec.env)
+        env = self.policy.make_env()
         results = []
         try:
             for seed in seeds:
-                results.append(self._episode(env, int(seed), max_steps))
+                results.append(self._episode(env, int(seed), max_steps, timed))
                 if progress:
                     progress({"event": "episode", "model": self.entry.name, **asdict(results[-1])})
         finally:
             env.close()
         return results
 
-    def _episode(self, env: Any, seed: int, max_steps: int | None) -> EpisodeResult:
+    def _episode(self, env: Any, seed: int, max_steps: int | None, timed: bool) -> EpisodeResult:
         obs, _ = env.reset(seed=seed)
+        self.policy.reset()
+        act, clock = self.policy.act, time.perf_counter_ns
+        times: list[int] | None = [] if timed else None
         ret, steps, nonfinite = 0.0, 0, 0
         try:
             while True:
                 obs = np.asarray(obs)
                 if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
                     nonfinite += 1
-                obs, reward, terminated, truncated, _ = env.step(self.act(obs))
+                if times is None:
+                    action = act(obs)
+                else:  # between two real env steps: the caches are the env's, as in a control loop
+                    t0 = clock()
+                    action = act(obs)
+                    times.append(clock() - t0)
+                obs, reward, terminated, truncated, _ = env.step(action)
                 ret += float(reward)
                 steps += 1
                 if terminated or truncated or (max_steps is not None and steps >= max_steps):
                     break
         except Exception as e:  # a broken episode is reported, the bench goes on
-            return EpisodeResult(seed, ret, steps, nonfinite, error=f"{type(e).__name__}: {e}")
-        return EpisodeResult(seed, ret, steps, nonfinite)
+            return EpisodeResult(seed, ret, steps, nonfinite, f"{type(e).__name__}: {e}", times)
+        return EpisodeResult(seed, ret, steps, nonfinite, act_ns=times)
 
     def replay(self, trace: Trace) -> ReplayResult:
         """Actions for every recorded observation; non-finite observations are skipped and counted."""
@@ -190,16 +209,7 @@ class PolicyRunner:
 
     def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
         """Single-observation latency, cycling through ``observations``, after ``warmup`` runs."""
-        flat = observations.reshape(observations.shape[0], -1)
-        if observations.dtype.kind == "f":
-            observations = observations[np.all(np.isfinite(flat), axis=1)]
-        if observations.shape[0] == 0:
-            raise InputError(
-                "no finite observations to time the model on", "record a trace with finite observations"
-            )
-        batches = [
-            np.ascontiguousarray(observations[i : i + 1]) for i in range(min(observations.shape[0], 256))
-        ]
+        batches = timing_batches(observations)
         for i in range(warmup):
             self.act_batch(batches[i % len(batches)])
         out = np.empty(samples, dtype=np.int64)
@@ -211,6 +221,18 @@ class PolicyRunner:
             run(b)
             out[i] = clock() - t0
         return LatencyStats.from_ns(out)
+
+
+def timing_batches(observations: np.ndarray) -> list[np.ndarray]:
+    """Up to 256 single-observation batches of the finite ``observations``, to time a model on."""
+    flat = observations.reshape(observations.shape[0], -1)
+    if observations.dtype.kind == "f":
+        observations = observations[np.all(np.isfinite(flat), axis=1)]
+    if observations.shape[0] == 0:
+        raise InputError(
+            "no finite observations to time the model on", "record a trace with finite observations"
+        )
+    return [np.ascontiguousarray(observations[i : i + 1]) for i in range(min(observations.shape[0], 256))]
 
 
 def sample_observations(runner: PolicyRunner, n: int = 64, seed: int = 0) -> np.ndarray:
@@ -242,13 +264,18 @@ def run_model(
     replay: bool = True,
     progress: Progress | None = None,
     oversubscribe: bool = False,
+    hz: float | None = None,
+    duration_s: float | None = None,
 ) -> ModelRun:
     """Measure one model: load, first inference, latency, trace replay, then episodes on ``seeds``.
 
     A ``measured`` event carries everything but the episodes before they start, so a host that loses
     the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
-    ``replay=False``.
+    ``replay=False``. ``hz``: time every act() of the episodes against a 1/hz budget (``in_loop``;
+    each episode keeps its times, so a host that resumes merges them). ``duration_s``: after the
+    latency, a sustained loop of that long with thermal readings (runtimes.sustained).
     """
+    hz, duration_s = check_hz(hz), check_duration(duration_s)
     if any(s < 0 for s in seeds):
         raise InputError(f"episode seeds must be >= 0 (got {min(seeds)})", "e.g. --seed 1000")
     cores = os.cpu_count() or 1
@@ -280,6 +307,10 @@ def run_model(
         result.latency = runner.latency(obs_for_timing, latency_samples, warmup)
         if progress:
             progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
+    if duration_s is not None:
+        result.sustained = sustained(
+            runner.session.run, timing_batches(obs_for_timing), duration_s, is_emulated()
+        )
     if trace is not None and replay:
         rep = runner.replay(trace)
         result.replay_actions = [
@@ -289,7 +320,9 @@ def run_model(
     if progress:
         result.peak_rss_mb = peak_rss_mb()
         progress({"event": "measured", "model": model, "run": result.to_dict()})
-    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress)
+    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress, timed=hz is not None)
+    if hz is not None:
+        result.in_loop = in_loop_stats((e.act_ns for e in result.episodes), hz, result.first_inference_ms)
     result.peak_rss_mb = peak_rss_mb()
     result.torch_imported = "torch" in sys.modules or "tensorflow" in sys.modules
     return result

@@ -278,6 +278,7 @@ def _assert_error(p: Any) -> str:
         ("empty-models", lambda d: d.update(models=[]), "no models"),
         ("no-reference", lambda d: d.update(reference="onnx-bf16"), "reference"),
         ("not-a-report", lambda d: d.update(format="something/else"), "not a quarl-edge bench report"),
+        ("warnings-not-a-list", lambda d: d["models"][1].update(warnings=5), "warnings is not a list"),
     ],
 )
 def test_gate_exit_2_on_a_report_missing_fields(

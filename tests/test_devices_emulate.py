@@ -621,7 +621,8 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
     nothing presents qemu's latency as the board's."""
     out = tmp_path / "r.json"
     t0 = time.monotonic()
-    r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--out", out)
+    r = _qe("bench", "--bundle", onnx_tflite_bundle, "--device", "rpi4-emu", "--episodes", "3", "--duration", "1s",
+            "--out", out)  # fmt: skip
     took = _since(t0)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -630,6 +631,24 @@ def test_emulated_bench_runs_onnx_and_tflite_on_the_board(
     assert device["name"] == "rpi4-emu" and device["emulated"] is True and device["transport"] == "ssh"
     assert device["machine"] == "aarch64" and device["uname"].split()[-1] == "aarch64", device["uname"]
     assert device["cpu_model"].startswith("Cortex-A72")
+    # the features qemu's cortex-a72 model presents to the process (getauxval): a Pi 4 has no dot product
+    assert device["cpu_features_source"] == "hwcap" and device["cpu_features"]["asimd"] is True
+    assert device["cpu_features"]["asimddp"] is False and device["cpu_features"]["i8mm"] is False
+    assert device["emulation"] == {
+        "emulator": "qemu-user",
+        "kernel_arch": os.uname().machine,
+        "qemu_cpu": "cortex-a72",
+    }
+    assert (
+        "int8 ISA: asimd; without asimdhp, asimddp, i8mm, bf16 (from hwcap)"
+        in out.with_suffix(".md").read_text()
+    )
+    # a sustained loop on the board: its sensors would be the host's, so none is read or shown as the board's
+    for m in report["models"]:
+        assert m["sustained"]["calls"] > 0 and m["sustained"]["emulated"] is True, m["name"]
+        assert m["sustained"]["not_exposed"] == ["temperature", "clock", "throttling"]
+        assert all(r["temp_c"] is None and r["freq_mhz"] is None for r in m["sustained"]["readings"])
+    assert "temperature, clock, throttling not exposed (emulated" in out.with_suffix(".md").read_text()
     installed = device["runtimes"]
     assert installed["onnxruntime"] and installed["ai_edge_litert"] and installed["gymnasium"], installed
     # what the board runs is what its wheelhouse pinned (the host's versions where aarch64 wheels exist)

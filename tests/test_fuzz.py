@@ -231,7 +231,10 @@ def test_fuzzed_traces_replay_or_fail_in_one_line(
 
 @pytest.fixture(scope="module")
 def report_doc(cartpole_bundle: Path) -> dict[str, Any]:
-    return bench(cartpole_bundle, BenchConfig(episodes=2, latency_samples=20))
+    """A report with every optional block: in-loop latency (--hz) and a sustained loop (--duration)."""
+    return bench(
+        cartpole_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=50, hz=50, duration_s=0.2)
+    )
 
 
 def test_fuzzed_reports_gate_or_fail_in_one_line(
@@ -248,7 +251,10 @@ def test_fuzzed_reports_gate_or_fail_in_one_line(
         def use() -> None:
             report = read_report(path)
             checks = evaluate(
-                report, GateConfig(max_reward_drop_pct=2.0, min_agreement=0.5, max_p99_ms=100.0)
+                report,
+                GateConfig(
+                    max_reward_drop_pct=2.0, min_agreement=0.5, max_p99_ms=100.0, max_miss_rate_pct=1.0
+                ),
             )
             junit_xml(report, checks)
             markdown_summary(report, checks)

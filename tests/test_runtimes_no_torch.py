@@ -116,12 +116,37 @@ def test_device_runner_runs_without_torch(
     assert host_side == [], f"device run loaded host modules: {host_side}"
 
 
+def test_runtime_api_and_control_loop_example_run_without_torch(
+    cartpole_bundle: Path, blocked_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """`load_policy().act()` in a user's script, and examples/control_loop.py, with torch blocked."""
+    env, log = blocked_env
+    code = (
+        "import numpy as np\nfrom quarl_edge.runtimes import load_policy\n"
+        f"p = load_policy({str(cartpole_bundle)!r}, model='onnx-int8')\n"
+        "p.reset(); print(p.act(np.zeros(4, np.float32)), p.info.runtime)\n"
+    )
+    p = _run(["-c", code], env, tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() in (["0", "onnxruntime"], ["1", "onnxruntime"])
+    loaded = next(ln for ln in log.read_text().splitlines() if ln.startswith("loaded ")).split()[1:]
+    assert "quarl_edge.runtimes.policy" in loaded
+    assert [m for m in loaded if m != "quarl_edge" and not m.startswith("quarl_edge.runtimes")] == []
+    example = ROOT / "examples" / "control_loop.py"
+    p = _run([str(example), str(cartpole_bundle), "--model", "onnx-int8", "--hz", "500", "--steps", "20", "--json"],
+             env, tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["steps"] == 20
+    assert " for quarl_edge" not in log.read_text() and "for __main__" not in log.read_text()
+
+
 def test_device_info_runs_without_torch(blocked_env: tuple[dict[str, str], Path], tmp_path: Path) -> None:
     env, log = blocked_env
     p = _run(["-m", "quarl_edge.runtimes", "info"], env, tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     info = json.loads(p.stdout.splitlines()[-1])
     assert info["event"] == "info" and info["runtimes"]["onnxruntime"]
+    assert info["cpu_features"] and info["ort_providers"] and "emulation" in info
     assert "blocked torch for quarl_edge" not in log.read_text()
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from quarl_edge.bench.partial import PARTIAL_FORMAT, partial_path
 from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
-from quarl_edge.bench.run import BenchConfig, Event, Transport, bench, local_transport
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import Event, Transport, local_transport
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
 from quarl_edge.outputs import Kind, claim, json_format
 from quarl_edge.runtimes.errors import InputError, Interrupted, QuarlError

@@ -60,6 +60,7 @@ class ModelProgress:
             schema.integer(e.get("seed"), f"{where} episode seed", fix, 0)
             if e.get("ret") is not None:
                 schema.number(e["ret"], f"{where} episode return", fix, finite=False)
+            _check_act_ns(e.get("act_ns"), f"{where} episode act_ns", fix)
         measured, run = (_check_run(d.get(k), f"{where} {k}", fix) for k in ("measured", "run"))
         return cls(measured=measured, episodes=list(episodes), run=run)
 
@@ -77,13 +78,25 @@ def _check_run(v: Any, where: str, fix: str) -> dict[str, Any] | None:
         schema.text(run.get(k), f"{where} {k}", fix, 256)
     for k in _RUN_NUMBERS:
         schema.number(run.get(k), f"{where} {k}", fix)
-    for k in ("latency",):
+    for k in ("latency", "in_loop", "sustained"):
         if run.get(k) is not None:
             schema.obj(run[k], f"{where} {k}", fix)
     for k in ("episodes", "replay_actions"):
         if run.get(k) is not None and not isinstance(run[k], list):
             raise InputError(f"{where} {k} is not a list", fix)
+    for e in run.get("episodes") or []:
+        _check_act_ns(schema.obj(e, f"{where} episode", fix).get("act_ns"), f"{where} episode act_ns", fix)
     return run
+
+
+def _check_act_ns(v: Any, where: str, fix: str) -> None:
+    """An episode's act() times (bench --hz): null, or a list of nanosecond counts."""
+    if v is None:
+        return
+    if not isinstance(v, list) or len(v) > 10_000_000:
+        raise InputError(f"{where} is not a list", fix)
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**62 for t in v):
+        raise InputError(f"{where} holds something other than nanosecond counts", fix)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from quarl_edge.outputs import Kind, json_format, text_starts_with
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.facts import facts_text
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.text import md_cell
 
@@ -19,17 +20,28 @@ REPORT_MARKDOWN = Kind("bench report Markdown", False, text_starts_with(MARKDOWN
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 
 
+IN_LOOP_COLUMNS = ("loop p99 us", "loop p99.9 us", "loop max us", "miss")
+"""with `bench --hz`: act() inside the closed-loop episodes, and the share of steps over the budget"""
+_TIMES = ("p50 us", "p99 us", "speedup", "loop p99 us", "loop p99.9 us", "loop max us", "miss")
+
+
+def _has_in_loop(report: dict[str, Any]) -> bool:
+    return (report.get("settings") or {}).get("hz") is not None
+
+
 def columns(report: dict[str, Any]) -> tuple[str, ...]:
-    """COLUMNS, with the latency columns marked when the device is emulated (qemu's time, not the board's)."""
+    """COLUMNS (+ IN_LOOP_COLUMNS with --hz), with the latency columns marked when the device is
+    emulated (qemu's time, not the board's)."""
+    cols = COLUMNS + (IN_LOOP_COLUMNS if _has_in_loop(report) else ())
     if not (report.get("device") or {}).get("emulated"):
-        return COLUMNS
-    return tuple(f"{c} (emulated)" if c in ("p50 us", "p99 us", "speedup") else c for c in COLUMNS)
+        return cols
+    return tuple(f"{c} (emulated)" if c in _TIMES else c for c in cols)
 
 
 def runtimes_line(report: dict[str, Any]) -> str:
     """Which runtime (and version) ran each model where the bench ran, and the one the bundle was checked
     with when that differs (e.g. an older LiteRT on a board without wheels of the host's)."""
-    where = "on the device" if (report.get("device") or {}).get("machine") else "here"
+    where = "on the device" if (report.get("device") or {}).get("transport", "local") != "local" else "here"
     by_runtime: dict[str, list[str]] = {}
     for m in report["models"]:
         runtime = str(m.get("runtime") or "?")
@@ -68,6 +80,62 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 _f(agree.get("value"), "{:.3f}", ""),
             ]
         )
+        if _has_in_loop(report):
+            loop = m.get("in_loop") or {}
+            out[-1] += [_f(loop.get(k), "{:.1f}") for k in ("p99_us", "p999_us", "max_us")]
+            out[-1].append(_f(None if loop.get("miss_rate") is None else 100 * loop["miss_rate"], "{:.2f}%"))
+    return out
+
+
+def in_loop_line(report: dict[str, Any]) -> str:
+    """What the in-loop columns count (with --hz), one line."""
+    hz = (report.get("settings") or {}).get("hz")
+    if hz is None:
+        return ""
+    return (f"loop: act() timed inside the closed-loop episodes, between real env steps (env.step not "
+            f"counted); miss: share of steps whose act() took over the {1e6 / hz:.1f} us budget of "
+            f"{hz:g} Hz; tight-loop p50/p99 beside it are the best case.")  # fmt: skip
+
+
+def _reading(readings: list[Any], key: str) -> tuple[float, float] | None:
+    """A reading's value (max temperature, mean clock) before the loop and after it."""
+    vals = []
+    for r in (readings[0], readings[-1]) if readings else ():
+        v = r.get(key) if isinstance(r, dict) else None
+        nums = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else []
+        nums = [x for x in nums if isinstance(x, int | float) and not isinstance(x, bool)]
+        vals.append((max(nums) if key == "temp_c" else sum(nums) / len(nums)) if nums else None)
+    return (vals[0], vals[1]) if len(vals) == 2 and None not in vals else None  # type: ignore[return-value]
+
+
+def sustained_lines(report: dict[str, Any]) -> list[str]:
+    """One line per model with `bench --duration`: latency first and last second, temperature, clock,
+    throttling before → after, or what the board does not expose."""
+    out = []
+    for m in report["models"]:
+        b = m.get("sustained")
+        if not isinstance(b, dict):
+            continue
+        readings: list[Any] = b["readings"] if isinstance(b.get("readings"), list) else []
+        parts = [f"{m['name']} sustained {b.get('duration_s')} s: {b.get('calls')} calls, p50 "
+                 f"{_f(b.get('first_p50_us'), '{:.1f}')} → {_f(b.get('last_p50_us'), '{:.1f}')} us "
+                 f"(x{_f(b.get('slowdown'), '{:.2f}')})"]  # fmt: skip
+        temp, clock = _reading(readings, "temp_c"), _reading(readings, "freq_mhz")
+        if temp:
+            parts.append(
+                f"temperature {temp[0]:.1f} → {temp[1]:.1f} °C (max {_f(b.get('max_temp_c'), '{:.1f}')})"
+            )
+        if clock:
+            parts.append(
+                f"clock {clock[0]:.0f} → {clock[1]:.0f} MHz (drop {_f(b.get('clock_drop_pct'), '{:.0f}')}%)"
+            )
+        if "throttling" not in (b.get("not_exposed") or []):
+            parts.append(f"throttling: {', '.join(map(str, b.get('throttle_flags') or [])) or 'none'}")
+        hidden = [str(x) for x in b.get("not_exposed") or []]
+        if hidden:
+            why = " (emulated: the sensors there are the host's)" if b.get("emulated") else ""
+            parts.append(f"{', '.join(hidden)} not exposed{why}")
+        out.append("; ".join(parts))
     return out
 
 
@@ -82,10 +150,14 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     emulated = ", emulated: latency is qemu's, not the board's" if dev.get("emulated") else ""
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
-    after = [runtimes_line(report)]
+    after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
+    after += sustained_lines(report)
+    if dev.get("machine"):
+        after.append(f"device: {facts_text(dev)}")
     if out is not None:
         after.append(
             f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%"
+            + (" --max-miss-rate 1%" if _has_in_loop(report) else "")
         )
     return before, title, after
 
@@ -131,13 +203,25 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         md_cell(runtimes_line(report)),
         "",
+        *([f"Device facts: {md_cell(facts_text(d))}.", ""] if d.get("machine") else []),
         "| " + " | ".join(columns(report)) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "|" + "---|" * len(columns(report)),
     ]
     lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(report)]
+    sustained = sustained_lines(report)
+    if sustained:
+        lines += [
+            "",
+            "Sustained loop (`--duration`), per one-second window:",
+            *[f"- {md_cell(x)}" for x in sustained],
+        ]
     warn = [f"- {md_cell(m['name'])}: {md_cell(w)}" for m in report["models"] for w in m.get("warnings", [])]
     if warn:
         lines += ["", "Warnings:", *warn]
+    if _has_in_loop(report):
+        first = [f"{md_cell(m['name'])} {m['first_inference_ms']:.2f} ms" for m in report["models"]
+                 if isinstance(m.get("first_inference_ms"), int | float)]  # fmt: skip
+        lines += ["", md_cell(in_loop_line(report)), "", "First call after load: " + ", ".join(first) + "."]
     lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
               "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -190,7 +274,9 @@ def read_report(path: str | Path) -> dict[str, Any]:
 
 # the numbers the gate and the tables read, per model: (block, field); the block may be null
 _MODEL_NUMBERS = (("drift", "reward_drop_pct"), ("agreement", "value"), ("latency", "p50_us"), ("latency", "p99_us"),
-                  ("reward", "mean"), ("reward", "std"))  # fmt: skip
+                  ("reward", "mean"), ("reward", "std"), ("in_loop", "miss_rate"), ("in_loop", "p99_us"),
+                  ("in_loop", "p999_us"), ("in_loop", "max_us"), ("in_loop", "hz"), ("sustained", "slowdown"),
+                  ("sustained", "clock_drop_pct"), ("sustained", "max_temp_c"))  # fmt: skip
 
 
 def _check_model(m: dict[str, Any], where: str) -> None:
@@ -207,5 +293,8 @@ def _check_model(m: dict[str, Any], where: str) -> None:
         schema.obj(b, f"{where}: {name} {block}", fix)
         if b.get(key) is not None:
             schema.number(b[key], f"{where}: {name} {block}.{key}", fix, finite=False)
-    for w in m.get("warnings") or []:
+    warnings = m.get("warnings") or []
+    if not isinstance(warnings, list):
+        raise InputError(f"{where}: {name} warnings is not a list", fix)
+    for w in warnings:
         schema.text(w, f"{where}: {name} warning", fix)

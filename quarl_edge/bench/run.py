@@ -12,13 +12,9 @@ part-way can be resumed.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,20 +23,19 @@ import numpy as np
 
 from quarl_edge import __version__
 from quarl_edge.bench.partial import PartialBench
+from quarl_edge.bench.transport import Event, Transport, local_transport
 from quarl_edge.devices.preflight import check_ready
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.loop import check_hz, in_loop_stats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import mean_ci95, mean_std
 
 REPORT_FORMAT = "quarl-edge/report"
 REPORT_VERSION = 1
-
-Event = dict[str, Any]
-# A transport runs the device runner with these arguments and yields its JSON-lines events.
-Transport = Callable[[Path, list[str]], Iterator[Event]]
 
 
 @dataclass(frozen=True)
@@ -61,8 +56,14 @@ class BenchConfig:
     env_on_host: bool = False
     """closed-loop episodes with the env on this machine and only the policy on the device, one step at a
     time over the link (for an env the board cannot install); the report splits policy from link time"""
+    hz: float | None = None
+    """control rate: time act() inside the episodes against a 1/hz budget (runtimes.loop)"""
+    duration_s: float | None = None
+    """a sustained loop per model, with the board's temperature, clock and throttling (runtimes.sustained)"""
 
     def __post_init__(self) -> None:
+        check_hz(self.hz)
+        check_duration(self.duration_s)
         if self.episodes < 0:
             raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
         if self.threads < 1:
@@ -82,22 +83,6 @@ class BenchConfig:
         return list(range(self.seed, self.seed + self.episodes))
 
 
-def local_transport(bundle: Path, args: list[str]) -> Iterator[Event]:
-    """Run the device runner as a child process of this Python, reading its JSON lines."""
-    env = dict(os.environ, PYTHONSAFEPATH="1")  # never import from the caller's cwd
-    cmd = [sys.executable, "-m", "quarl_edge.runtimes", "run", "--bundle", str(bundle), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            yield json.loads(line)
-    err = proc.stderr.read()
-    if proc.wait() not in (0, 2):
-        tail = err.strip().splitlines()[-1] if err.strip() else f"exit code {proc.returncode}"
-        raise QuarlError(f"the runner crashed: {tail}", "run again with --debug, or report a bug")
-
-
 def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool = False) -> list[str]:
     """Runner arguments; ``measured``: latency and replay are kept from an earlier run, skip them."""
     args = ["--model", model, "--threads", str(cfg.threads), "--seeds", ",".join(map(str, seeds))]
@@ -110,6 +95,10 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
         args += ["--trace", str(cfg.trace)]
     if cfg.oversubscribe:
         args.append("--oversubscribe")
+    if cfg.hz is not None:
+        args += ["--hz", repr(cfg.hz)]
+    if cfg.duration_s is not None and not measured:
+        args += ["--duration", repr(cfg.duration_s)]
     return args
 
 
@@ -186,7 +175,15 @@ def _warnings(run: dict[str, Any]) -> list[str]:
             out.append(f"episode seed {e['seed']} failed: {e['error']}")
     if run.get("torch_imported"):
         out.append("the runner imported torch or tensorflow (it must not on a device)")
-    return out
+    return out + sustained_warnings(run.get("sustained"))
+
+
+def _in_loop(run: dict[str, Any], hz: float | None) -> dict[str, Any] | None:
+    """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
+    if hz is None:
+        return None
+    stats = in_loop_stats((e.get("act_ns") for e in run["episodes"]), hz, run.get("first_inference_ms"))
+    return stats.to_dict() if stats else None
 
 
 def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +199,8 @@ def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[
         "max_steps": cfg.max_steps,
         "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
         "env_on_host": cfg.env_on_host,
+        "hz": cfg.hz,
+        "duration_s": cfg.duration_s,
     }
 
 
@@ -296,6 +295,8 @@ def bench(
                 else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
                 "warnings": _warnings(run),
                 "env_on_host": run.get("env_on_host"),
+                "in_loop": _in_loop(run, cfg.hz),
+                "sustained": run.get("sustained"),
             }
         )
     return {
@@ -317,6 +318,8 @@ def bench(
             "threads": cfg.threads,
             "latency_samples": cfg.latency_samples,
             "warmup": cfg.warmup,
+            "hz": cfg.hz,
+            "duration_s": cfg.duration_s,
         },
         "reference": ref.name,
         "models": models,

@@ -181,6 +181,8 @@ def bench(
     trace: Annotated[Path | None, typer.Option("--trace", help="replay trace (default: the bundle's)")] = None,
     out: Annotated[Path | None, out_option("report .json (a .md is written beside it)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="finish an interrupted bench (its --out .partial.json)")] = False,
+    hz: Annotated[float | None, typer.Option("--hz", help="control rate: time act() inside the episodes, count steps over the 1/HZ budget")] = None,
+    duration: Annotated[str | None, typer.Option("--duration", help="per model, a sustained loop this long (60s, 2m) with the board's temperature, clock, throttling")] = None,
     host: HostOpt = None,
     user: UserOpt = None,
     port: PortOpt = None,
@@ -191,10 +193,11 @@ def bench(
     from quarl_edge.bench.device import bench_on_device, model_count
     from quarl_edge.bench.report import columns, print_lines, rows
     from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.runtimes.sustained import parse_duration
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
-                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe,
-                      env_on_host=env_on_host)  # fmt: skip
+                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
+                      duration_s=None if duration is None else parse_duration(duration), env_on_host=env_on_host)  # fmt: skip
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
 
         def on_event(ev: dict[str, Any]) -> None:
@@ -219,6 +222,7 @@ def gate(
     max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
+    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
@@ -228,7 +232,8 @@ def gate(
     from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
-                     max_p99_ms=max_p99_ms)  # fmt: skip
+                     max_p99_ms=max_p99_ms,
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
     data = read_report(report)
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
