@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,23 +190,28 @@ def stacked_bundle(tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Pa
     return out
 
 
-def wrapper_actions(bundle: Path, model: str, seeds: list[int], steps: int) -> list[list[Any]]:
-    """The actions along episodes where gymnasium's wrappers stack the frames (the trainer's and the
-    recorder's environment), the model fed the stacked observation."""
-    runner = PolicyRunner(bundle, model)
-    env = make_env(runner.spec.env)
+def _actions_along(env: Any, act: Callable[[Any], Any], seeds: list[int], steps: int,
+                   on_reset: Callable[[], None] = lambda: None) -> list[list[Any]]:  # fmt: skip
     out = []
     for seed in seeds:
         obs, _ = env.reset(seed=seed)
+        on_reset()
         acts: list[Any] = []
         for _ in range(steps):
-            acts.append(runner.act(obs))
+            acts.append(act(obs))
             obs, _, term, trunc, _ = env.step(acts[-1])
             if term or trunc:
                 break
         out.append(acts)
     env.close()
     return out
+
+
+def wrapper_actions(bundle: Path, model: str, seeds: list[int], steps: int) -> list[list[Any]]:
+    """The actions along episodes where gymnasium's wrappers stack the frames (the trainer's and the
+    recorder's environment), the model fed the stacked observation."""
+    runner = PolicyRunner(bundle, model)
+    return _actions_along(make_env(runner.spec.env), runner.act, seeds, steps)
 
 
 def policy_actions(
@@ -213,21 +219,9 @@ def policy_actions(
 ) -> list[list[Any]]:
     """The same episodes through the runtime API: the env's own frames, the policy stacks them."""
     policy = load_policy(bundle, model=model)
-    env = policy.make_env()
-    out = []
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        if reset:
-            policy.reset()
-        acts: list[Any] = []
-        for _ in range(steps):
-            acts.append(policy.act(obs))
-            obs, _, term, trunc, _ = env.step(acts[-1])
-            if term or trunc:
-                break
-        out.append(acts)
-    env.close()
-    return out
+    return _actions_along(
+        policy.make_env(), policy.act, seeds, steps, policy.reset if reset else lambda: None
+    )
 
 
 def test_the_policy_stacks_frames_as_gymnasium_and_reset_clears_them(stacked_bundle: Path) -> None:
