@@ -161,6 +161,12 @@ class SSHTransport:
             raise SSHError(f"cannot inspect the cache on {self.profile.name}: {r.stderr.strip()[-200:]}")
         return {p: f == "1" for p, f in zip(paths, flags, strict=True)}
 
+    def upload(self, data: bytes, remote: str, what: str) -> None:
+        """Put ``data`` at ``remote`` on the device (atomically: a temp name, then mv), once: an existing
+        file of a content-addressed path is kept."""
+        if not self._exists([remote])[remote]:
+            self._upload_bytes(data, remote, what)
+
     def _upload_bytes(self, data: bytes, remote: str, what: str) -> None:
         self._put(data, remote, what, len(data))
 

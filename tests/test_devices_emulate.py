@@ -789,6 +789,56 @@ def _forget(board: emulate.Status, bundles: list[Path]) -> None:
 
 @pytest.mark.emulated
 @pytest.mark.timeout(1800)
+def test_deploy_then_a_torch_free_script_on_the_board_plays_the_bench_episodes(
+    board: emulate.Status, pendulum_bundle: Path, tmp_path: Path
+) -> None:
+    """`quarl-edge deploy`: the runtime-only wheel and the bundle on the board; then the user's own script,
+    run there over SSH, imports only the runtime API (torch is not on the board) and plays three
+    closed-loop episodes: the same returns as `bench` on the board, seed for seed (Pendulum: every seed
+    scores differently)."""
+    r = _qe("deploy", "--bundle", pendulum_bundle, "--device", "rpi4-emu", "--model", "onnx-int8", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert d["check"]["torch_imported"] is False and d["model"] == "onnx-int8"
+    script = (
+        "import json, sys\n"
+        "from quarl_edge.runtimes import load_policy\n"
+        "p = load_policy(sys.argv[1], model='onnx-int8')\n"
+        "env, rets = p.make_env(), []\n"
+        "for seed in (1000, 1001, 1002):\n"
+        "    obs, _ = env.reset(seed=seed); p.reset(); ret, done = 0.0, False\n"
+        "    while not done:\n"
+        "        obs, r, term, trunc, _ = env.step(p.act(obs)); ret += float(r); done = term or trunc\n"
+        "    rets.append(ret)\n"
+        "print(json.dumps({'returns': rets, 'torch': 'torch' in sys.modules, 'where': p.info.runtime}))\n"
+    )
+    py = shlex.quote(str(profiles.load_profile("rpi4-emu").python))
+    path = d["path"].replace("~/", "", 1)
+    r = _ssh(
+        board,
+        f"python3 -c 'import torch' 2>/dev/null; echo torch=$?; {py} -I -c {shlex.quote(script)} {shlex.quote(path)}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch=1" in r.stdout  # not installed on the board at all
+    on_board = json.loads(r.stdout.strip().splitlines()[-1])
+    assert on_board["torch"] is False
+    r = _qe("bench", "--bundle", pendulum_bundle, "--device", "rpi4-emu", "--episodes", "3", "--models", "onnx-int8",
+            "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    bench = next(m for m in json.loads(r.stdout)["models"] if m["name"] == "onnx-int8")
+    assert len(set(on_board["returns"])) == 3 and on_board["returns"] == bench["reward"]["per_episode"]
+    print(f"\n[emulated rpi4] deployed {d['model']}: the board's own script returns {on_board['returns']}")
+    _forget(board, [pendulum_bundle])
+    assert (
+        _ssh(
+            board, f"rm -rf {shlex.quote(path)} && {py} -m pip uninstall -y -q quarl-edge-runtime"
+        ).returncode
+        == 0
+    )
+
+
+@pytest.mark.emulated
+@pytest.mark.timeout(1800)
 def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
     """`devices setup`'s path: upload the aarch64 wheelhouse, build a venv in the login directory, import."""
     from quarl_edge.devices import setup

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from quarl_edge import __version__
-from quarl_edge.cli import actorq, devices, pipeline, study, tune, zoo
+from quarl_edge.cli import actorq, deploy, devices, pipeline, study, tune, zoo
 from quarl_edge.cli._options import DebugOpt
 
 app = typer.Typer(
@@ -40,7 +40,7 @@ def main_options(
         os.environ["QUARL_EDGE_DEBUG"] = "1"
 
 
-for group in (pipeline, tune, actorq, devices, zoo, study):
+for group in (pipeline, tune, deploy, actorq, devices, zoo, study):
     group.register(app)
 
 
