@@ -53,10 +53,10 @@ class Actor:
     """One experience collector (wrapped with ``ray.remote`` by the learner)."""
 
     def __init__(self, env_id: str, seed: int, actor_id: int) -> None:
-        import gymnasium as gym
+        from quarl_edge.policy.registry import make
 
         self.actor_id = actor_id
-        self.env = gym.make(env_id)
+        self.env = make(env_id)  # with the registry's preprocessing (DM Control: flattened Dict)
         self.rng = np.random.default_rng(seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.episode_return, self.episode_len = 0.0, 0

@@ -115,12 +115,14 @@ def support(args: Args, probe_steps: int = 2_000) -> tuple[float, float, str]:
     more than random actions. A reward random actions never see still needs --v-min/--v-max."""
     if args.v_min is not None and args.v_max is not None:
         return args.v_min, args.v_max, "set"
+    if args.env.startswith("dm_control/"):  # every suite task rewards each step within [0, 1]
+        return 0.0, round(1 / (1 - args.gamma), 3), "DM Control: rewards in [0, 1] per step"
     base = args.env.split("/")[-1].rsplit("-v", 1)[0]
     if base in SUPPORTS:
         return (*SUPPORTS[base], "known task")
-    import gymnasium as gym
+    from quarl_edge.policy.registry import make
 
-    env = gym.make(args.env)
+    env = make(args.env)
     env.action_space.seed(args.seed)
     env.reset(seed=args.seed)
     episodes: list[list[float]] = [[]]

@@ -27,7 +27,7 @@ from quarl_edge.actorq import checkpoint
 from quarl_edge.actorq.actors import LEARNER_FIELDS, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, Squash, quantize_broadcast
 from quarl_edge.actorq.throughput import actor_throughput
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 
 LOG_VERSION = 1
 OnChunk = Callable[[int, list[Any]], None]
@@ -102,11 +102,13 @@ class ActorQArgs:
             )
 
     def action_space(self) -> Any:
-        """The task's action space; InputError when gymnasium cannot make the environment."""
-        import gymnasium as gym
+        """The task's action space; InputError when the environment cannot be made."""
+        from quarl_edge.policy.registry import make
 
         try:
-            env = gym.make(self.env)
+            env = make(self.env)
+        except QuarlError:  # the registry's own one-line errors (unknown DM Control task, missing extra)
+            raise
         except Exception as e:  # gymnasium raises several types for unknown or broken ids
             raise InputError(
                 f"cannot make environment {self.env!r}: {e}", f"e.g. --env {self._example('env')}"
@@ -182,13 +184,13 @@ def run(
         from ray.exceptions import RayActorError
     except ImportError:
         raise MissingDependencyError("ActorQ runs on Ray", "pip install 'quarl-edge[actorq]'") from None
-    import gymnasium as gym
+    from quarl_edge.policy.registry import make
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    probe = gym.make(args.env)
+    probe = make(args.env)  # the actors' preprocessing, so n_obs is what they send
     n_obs, action_space = int(np.prod(probe.observation_space.shape or (1,))), probe.action_space
     probe.close()
     learner = make_learner(args, n_obs, action_space)
