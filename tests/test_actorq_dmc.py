@@ -42,11 +42,11 @@ def test_d4pg_trains_on_dm_control_with_int8_actors(one_thread_ray: None, tmp_pa
         if steps >= 600 and "info" not in seen:
             seen["info"] = ray.get([a.inspect.remote() for a in actors])
 
-    args = Args(env=TASK, out=tmp_path, steps=1000, actors=2, actor_precision="int8", learning_starts=300,
+    args = Args(env=TASK, out=tmp_path, steps=3000, actors=2, actor_precision="int8", learning_starts=300,
                 update_period=50, hidden=(32, 32), batch_size=32, train_frequency=8, n_step=3, chunk=50,
                 checkpoint_every=100_000)  # fmt: skip
     log = train(args, on_chunk=inspect)
-    assert log["env_steps"] >= 1000 and log["learner_updates"] > 0 and log["broadcasts"] > 1
+    assert log["env_steps"] >= 3000 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     assert all(np.isfinite(v) for v in log["losses"].values())
     assert log["support"]["source"].startswith("DM Control") and log["support"]["v_min"] == 0.0
     for info in seen["info"]:
@@ -56,6 +56,17 @@ def test_d4pg_trains_on_dm_control_with_int8_actors(one_thread_ray: None, tmp_pa
             ev["QuantizeLinear"] > 0 and ev["int8_initializers"] >= 3 and ev["float_weight_initializers"] == 0
         )
     assert (tmp_path / "checkpoint" / "state.json").is_file()
+    # energy: CPU seconds measured in each role's own process, joules with their source
+    energy = log["energy"]
+    assert set(energy["cpu_s"]) == {"learner", "actor0", "actor1"} and min(energy["cpu_s"].values()) > 0
+    assert energy["cpu_s_total"] == pytest.approx(sum(energy["cpu_s"].values()))
+    assert energy["source"] in ("rapl", "estimate") and energy["joules"] > 0 and energy["wall_s"] > 0
+    assert (energy["assumption"] is None) == (energy["source"] == "rapl")
+    for role in ("actor0", "actor1"):  # an actor's CPU cannot exceed its own wall time (one thread busy)
+        assert energy["cpu_s"][role] <= 1.5 * log["breakdown"][role]["wall_s"]
+    assert len(log["curve"]) >= 2 and all(0 <= p["return"] <= 1000 for p in log["curve"])  # 1000 steps
+    joules = [p["energy_j"] for p in log["curve"]]
+    assert joules == sorted(joules) and joules[-1] <= energy["joules"]
     # the actors sent the flattened observation: cartpole's position (3) + velocity (2), in float32
     replay = np.load(tmp_path / "checkpoint" / "replay.npz")
     assert replay["obs"].shape[1] == 5 and replay["obs"].dtype == np.float32

@@ -58,4 +58,9 @@ def actorq(
         f"{k} {v:.2f}x" for k, v in log["inference_throughput"].get("ratio_vs_fp32", {}).items()
     )
     info(f"per-actor inference throughput {ratios or 'fp32 only'}")
+    e = log["energy"]
+    roles = ", ".join(f"{k} {v:.1f}" for k, v in e["cpu_s"].items())
+    info(f"energy {e['joules']:.0f} J ({e['source']}) over {e['wall_s']:.1f} s wall; CPU s: {roles}")
+    if e["assumption"]:
+        info(e["assumption"])
     info(f"payload {log['payload_bytes']}; wrote {out}/log.json, breakdown.png, curve.png")
