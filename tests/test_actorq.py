@@ -206,6 +206,8 @@ def test_int8_broadcast_payload_is_3x_smaller() -> None:
         ["--hidden", "64,0"],
         ["--update-period", "0"],
         ["--env", "Pendulum-v1"],
+        ["--critic-hidden", "64,64"],  # dqn has no critic
+        ["--algo", "d4pg", "--env", "Pendulum-v1", "--critic-hidden", "64,0"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(cli: Any, tmp_path: Path, flags: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("dm_control")
 
 from quarl_edge.actorq.d4pg import Args, support, train  # noqa: E402
+from quarl_edge.study.actorq import ActorQStudyConfig, run_study, write_outputs  # noqa: E402
 
 TASK = "dm_control/cartpole-balance-v0"
 
@@ -85,3 +87,33 @@ def test_unknown_dm_control_task_is_the_registry_error(cli: Any, tmp_path: Path)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown DM Control task"), r.stderr
     assert "cartpole-balance" in lines[0] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_study_dmc_quick_suite(one_thread_ray: None, tmp_path: Path) -> None:
+    study = run_study(ActorQStudyConfig("dmc-quick", tmp_path), progress=lambda _: None)
+    assert [r["precision"] for r in study["runs"]] == ["fp32", "fp16", "int8"]
+    assert all(r["final_return"] is not None and r["energy"]["cpu_s"]["learner"] > 0 for r in study["runs"])
+    files = write_outputs(study, tmp_path)
+    label = "dm_control-cartpole-balance-v0-d4pg-32x32x32-critic-64x64x32"
+    assert {f.name for f in files} >= {"actorq.md", f"breakdown-{label}.png", f"curves-{label}.png"}
+    md = (tmp_path / "actorq.md").read_text()
+    assert "| dm_control/cartpole-balance-v0 d4pg 32x32x32 critic-64x64x32 | int8 |" in md
+    assert "Energy to target" in md and ("estimate" in md or "rapl" in md)
+    log = json.loads((tmp_path / "runs" / f"{label}-int8-u100-s0" / "log.json").read_text())
+    assert log["args"]["hidden"] == [32, 32, 32] and log["args"]["critic_hidden"] == [64, 64, 32]
+
+
+def test_d4pg_critic_takes_its_own_widths(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from quarl_edge.actorq.d4pg import D4PGLearner
+    from quarl_edge.runtimes.errors import InputError
+
+    space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    learner = D4PGLearner(Args(out=tmp_path, hidden=(8, 8, 8), critic_hidden=(16, 16, 4)), 5, space)
+    widths = lambda net: [m.out_features for m in net.network if hasattr(m, "out_features")]  # noqa: E731
+    assert widths(learner.actor) == [8, 8, 8, 2] and widths(learner.critic) == [16, 16, 4, 51]
+    assert widths(learner.target_critic) == widths(learner.critic)
+    with pytest.raises(InputError, match="critic hidden"):
+        Args(env=TASK, critic_hidden=(16, 0)).validate()

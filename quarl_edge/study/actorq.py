@@ -74,6 +74,22 @@ SPEED = (
     Task("CartPole-v1", "dqn", 40_000, 150.0, WIDE, seeds=(0, 1), precisions=("fp32", "int8"),
          overrides=(("learning_rate", 1e-4), ("batch_size", 64))),
 )  # fmt: skip
+# The DeepMind Control Suite at the network sizes of Acme's D4PG (the ActorQ paper's code base): policy
+# (256, 256, 256), critic (512, 512, 256), as its distributed D4PG network factory sets them. Acme's MLPs
+# are LayerNormMLPs (layer norm + tanh after the first layer); ours are plain ReLU MLPs. Three tasks of
+# rising env cost (cartpole 5 obs / 1 action, walker 24 / 6, cheetah 17 / 6 with a heavier MuJoCo step).
+# Steps and targets are first guesses for the multi-seed runs, not tuned here.
+ACME_POLICY, ACME_CRITIC = (256, 256, 256), (512, 512, 256)
+DMC = tuple(
+    Task(f"dm_control/{name}-v0", "d4pg", steps, target, ACME_POLICY, learning_starts=5_000,
+         overrides=(("critic_hidden", ACME_CRITIC),), name="critic-512x512x256")
+    for name, steps, target in (("cartpole-balance", 50_000, 900.0), ("walker-stand", 200_000, 800.0),
+                                ("cheetah-run", 300_000, 400.0))
+)  # fmt: skip
+# dmc-quick: the same shape scaled down, for make test (3,000 steps: a few 1,000-step episodes, no learning)
+DMC_QUICK = Task("dm_control/cartpole-balance-v0", "d4pg", 3_000, 300.0, (32, 32, 32), seeds=(0,),
+                 learning_starts=500, overrides=(("critic_hidden", (64, 64, 32)), ("batch_size", 32),
+                                                 ("train_frequency", 8), ("n_step", 3)), name="critic-64x64x32")  # fmt: skip
 SUITES = {
     # a smoke run: 2,000 steps do not train CartPole, and 50 is above what random play reaches by luck
     "quick": Suite(
@@ -91,6 +107,8 @@ SUITES = {
         )  # fmt: skip
     ),
     "convergence": Suite(tasks=CONVERGENCE),
+    "dmc": Suite(tasks=DMC),
+    "dmc-quick": Suite(tasks=(DMC_QUICK,)),
     "speed": Suite(tasks=SPEED),
     "paper": Suite(tasks=CONVERGENCE + SPEED),
 }
@@ -288,7 +306,7 @@ def energy_note(runs: list[dict[str, Any]]) -> str:
 
 
 def _slug(label: str) -> str:
-    return label.replace(" ", "-")
+    return label.replace(" ", "-").replace("/", "-")  # dm_control/... is one folder and file name
 
 
 def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
