@@ -206,6 +206,8 @@ def test_int8_broadcast_payload_is_3x_smaller() -> None:
         ["--hidden", "64,0"],
         ["--update-period", "0"],
         ["--env", "Pendulum-v1"],
+        ["--critic-hidden", "64,64"],  # dqn has no critic
+        ["--algo", "d4pg", "--env", "Pendulum-v1", "--critic-hidden", "64,0"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(cli: Any, tmp_path: Path, flags: list[str]) -> None:
@@ -300,7 +302,9 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     assert {f.name for f in files} == {
         "actorq.json", "actorq.md", "breakdown-CartPole-v1-dqn-120x84.png", "curves-CartPole-v1-dqn-120x84.png"
     }  # fmt: skip
-    assert "| CartPole-v1 dqn 120x84 | int8 |" in (tmp_path / "actorq.md").read_text()
+    md = (tmp_path / "actorq.md").read_text()
+    assert "| CartPole-v1 dqn 120x84 | int8 |" in md and "energy fp32/this (paper, int8: 1.9x-3.8x)" in md
+    assert all(r["energy"]["cpu_s"]["learner"] > 0 for r in study["runs"])
     # a second run over the same folder reuses the six finished runs instead of training again
     again = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
     assert [r["final_return"] for r in again["runs"]] == [r["final_return"] for r in study["runs"]]

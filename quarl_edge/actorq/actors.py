@@ -31,10 +31,12 @@ LEARNER_FIELDS = (
 
 
 class LapTimer:
-    """Attributes every moment since the previous lap to the named field, so fields sum to wall time."""
+    """Attributes every moment since the previous lap to the named field, so fields sum to wall time;
+    also the CPU seconds this process has used since (energy.py)."""
 
     def __init__(self, fields: tuple[str, ...]) -> None:
         self.start = self.last = time.perf_counter()
+        self.cpu_start = time.process_time()
         self.seconds = dict.fromkeys(fields, 0.0)
 
     def lap(self, field: str) -> float:
@@ -44,19 +46,24 @@ class LapTimer:
         self.last = now
         return dt
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of this process (all its threads) since the timer started."""
+        return time.process_time() - self.cpu_start
+
     def report(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.start
-        return {"wall_s": wall, "seconds": dict(self.seconds), "sum_s": sum(self.seconds.values())}
+        return {"wall_s": wall, "seconds": dict(self.seconds), "sum_s": sum(self.seconds.values()),
+                "cpu_s": self.cpu_s()}  # fmt: skip
 
 
 class Actor:
     """One experience collector (wrapped with ``ray.remote`` by the learner)."""
 
     def __init__(self, env_id: str, seed: int, actor_id: int) -> None:
-        import gymnasium as gym
+        from quarl_edge.policy.registry import make
 
         self.actor_id = actor_id
-        self.env = gym.make(env_id)
+        self.env = make(env_id)  # with the registry's preprocessing (DM Control: flattened Dict)
         self.rng = np.random.default_rng(seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.episode_return, self.episode_len = 0.0, 0

@@ -43,7 +43,9 @@ class Args(ActorQArgs):
     steps: int = 20_000
     """total environment steps over all actors"""
     hidden: tuple[int, ...] = (256, 256)
-    """hidden layer sizes of the actor and the critic MLPs"""
+    """hidden layer sizes of the actor MLP (and of the critic's unless critic_hidden is set)"""
+    critic_hidden: tuple[int, ...] | None = None
+    """hidden layer sizes of the critic MLP; None: the actor's (Acme's D4PG: (512, 512, 256))"""
     learning_rate: float = 3e-4
     """Adam learning rate of the actor and the critic"""
     buffer_size: int = 100_000
@@ -72,6 +74,9 @@ class Args(ActorQArgs):
         if self.algo != "d4pg":
             raise InputError(f"quarl_edge.actorq.d4pg runs --algo d4pg, not {self.algo!r}", "see actorq.dqn")
         self.validate_shared(positive=("buffer_size", "n_step"))
+        if self.critic_hidden is not None and (not self.critic_hidden or min(self.critic_hidden) < 1):
+            raise InputError(f"critic hidden sizes must be positive (got {self.critic_hidden})",
+                             "e.g. critic_hidden=(512, 512, 256)")  # fmt: skip
         if self.atoms < 2:
             raise InputError(f"need at least 2 atoms (got {self.atoms})", "e.g. atoms=51")
         if (self.v_min is None) != (self.v_max is None):
@@ -115,12 +120,14 @@ def support(args: Args, probe_steps: int = 2_000) -> tuple[float, float, str]:
     more than random actions. A reward random actions never see still needs --v-min/--v-max."""
     if args.v_min is not None and args.v_max is not None:
         return args.v_min, args.v_max, "set"
+    if args.env.startswith("dm_control/"):  # every suite task rewards each step within [0, 1]
+        return 0.0, round(1 / (1 - args.gamma), 3), "DM Control: rewards in [0, 1] per step"
     base = args.env.split("/")[-1].rsplit("-v", 1)[0]
     if base in SUPPORTS:
         return (*SUPPORTS[base], "known task")
-    import gymnasium as gym
+    from quarl_edge.policy.registry import make
 
-    env = gym.make(args.env)
+    env = make(args.env)
     env.action_space.seed(args.seed)
     env.reset(seed=args.seed)
     episodes: list[list[float]] = [[]]
@@ -242,8 +249,9 @@ class D4PGLearner:
         n_act = len(low)
         self.actor = Actor(n_obs, low, high, args.hidden)
         self.target_actor = Actor(n_obs, low, high, args.hidden)
-        self.critic = Critic(n_obs, n_act, args.hidden, args.atoms)
-        self.target_critic = Critic(n_obs, n_act, args.hidden, args.atoms)
+        critic_hidden = args.critic_hidden or args.hidden
+        self.critic = Critic(n_obs, n_act, critic_hidden, args.atoms)
+        self.target_critic = Critic(n_obs, n_act, critic_hidden, args.atoms)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.learning_rate)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.learning_rate)
         v_min, v_max, self.support_source = support(args)

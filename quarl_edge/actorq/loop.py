@@ -26,8 +26,9 @@ import torch
 from quarl_edge.actorq import checkpoint
 from quarl_edge.actorq.actors import LEARNER_FIELDS, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, Squash, quantize_broadcast
+from quarl_edge.actorq.energy import EnergyMeter
 from quarl_edge.actorq.throughput import actor_throughput
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 
 LOG_VERSION = 1
 OnChunk = Callable[[int, list[Any]], None]
@@ -102,11 +103,13 @@ class ActorQArgs:
             )
 
     def action_space(self) -> Any:
-        """The task's action space; InputError when gymnasium cannot make the environment."""
-        import gymnasium as gym
+        """The task's action space; InputError when the environment cannot be made."""
+        from quarl_edge.policy.registry import make
 
         try:
-            env = gym.make(self.env)
+            env = make(self.env)
+        except QuarlError:  # the registry's own one-line errors (unknown DM Control task, missing extra)
+            raise
         except Exception as e:  # gymnasium raises several types for unknown or broken ids
             raise InputError(
                 f"cannot make environment {self.env!r}: {e}", f"e.g. --env {self._example('env')}"
@@ -182,13 +185,13 @@ def run(
         from ray.exceptions import RayActorError
     except ImportError:
         raise MissingDependencyError("ActorQ runs on Ray", "pip install 'quarl-edge[actorq]'") from None
-    import gymnasium as gym
+    from quarl_edge.policy.registry import make
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    probe = gym.make(args.env)
+    probe = make(args.env)  # the actors' preprocessing, so n_obs is what they send
     n_obs, action_space = int(np.prod(probe.observation_space.shape or (1,))), probe.action_space
     probe.close()
     learner = make_learner(args, n_obs, action_space)
@@ -241,7 +244,13 @@ def run(
         slot_ids = list(range(args.actors))
         box = broadcast()
         timer = LapTimer(LEARNER_FIELDS)
+        meter = EnergyMeter()
+        joules_before = curve[-1].get("energy_j", 0.0) if curve else 0.0  # a resumed run's earlier part
         start_wall = time.perf_counter()
+
+        def cpu_s() -> dict[str, float]:  # per role: the learner's own, each actor's last report
+            return {"learner": timer.cpu_s(), **{f"actor{k}": v.get("cpu_s", 0.0)
+                                                 for k, v in sorted(actor_reports.items())}}  # fmt: skip
 
         def submit(slot: int) -> Any:
             exploration = learner.exploration(global_step)
@@ -274,10 +283,12 @@ def run(
             n_new = batch["env_steps"]  # D4PG's n-step transitions are not one per env step
             global_step += n_new
             wall = time.perf_counter() - start_wall
+            actor_reports[batch["actor_id"]] = {**batch["breakdown"], "version": batch["version"]}
+            joules = meter.joules(sum(cpu_s().values()))  # so far, for the energy to a target return
             for ret, length in batch["episodes"]:
                 curve.append({"wall_s": round(wall, 4), "env_steps": global_step, "return": ret,
-                              "length": length, "actor": batch["actor_id"]})  # fmt: skip
-            actor_reports[batch["actor_id"]] = {**batch["breakdown"], "version": batch["version"]}
+                              "length": length, "actor": batch["actor_id"],
+                              "energy_j": round(joules_before + joules, 3)})  # fmt: skip
             if on_chunk is not None:
                 on_chunk(global_step, actors)
             timer.lap("bookkeeping")
@@ -305,6 +316,7 @@ def run(
         save_checkpoint()
         timer.lap("checkpoint")
         learner_report = timer.report()
+        energy = meter.report(cpu_s(), time.perf_counter() - start_wall)
         calib = calibration()
         weights, squash = learner.policy()
         throughput = actor_throughput(actors[0], weights, args.actor_precision, calib, squash)
@@ -326,6 +338,7 @@ def run(
         "payload_bytes": {args.actor_precision: payload_bytes[-1], "fp32": fp32_bytes},
         "startup_s": {"ray_init": ray_init_s},
         "inference_throughput": throughput,
+        "energy": energy,
         "breakdown": {
             "learner": learner_report,
             **{f"actor{k}": v for k, v in sorted(actor_reports.items())},

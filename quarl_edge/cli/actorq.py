@@ -27,6 +27,7 @@ def actorq(
     steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
     seed: SeedOpt = 0,
     hidden: Annotated[str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")] = None,
+    critic_hidden: Annotated[str | None, typer.Option("--critic-hidden", help="d4pg: critic MLP widths (default: --hidden's; Acme: 512,512,256)")] = None,
     v_min: Annotated[float | None, typer.Option("--v-min", help="d4pg: lowest value atom (default: known or estimated)")] = None,
     v_max: Annotated[float | None, typer.Option("--v-max", help="d4pg: highest value atom")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from --out/checkpoint")] = False,
@@ -37,6 +38,10 @@ def actorq(
 
     learner = d4pg if algo == "d4pg" else dqn
     sizes: dict[str, Any] = {"hidden": int_list(hidden, "--hidden", "2048,2048,2048")} if hidden else {}
+    if critic_hidden:
+        if algo != "d4pg":
+            raise InputError("--critic-hidden sets the D4PG critic's widths", "drop it for --algo dqn")
+        sizes["critic_hidden"] = int_list(critic_hidden, "--critic-hidden", "512,512,256")
     if v_min is not None or v_max is not None:
         if algo != "d4pg":
             raise InputError(
@@ -58,4 +63,9 @@ def actorq(
         f"{k} {v:.2f}x" for k, v in log["inference_throughput"].get("ratio_vs_fp32", {}).items()
     )
     info(f"per-actor inference throughput {ratios or 'fp32 only'}")
+    e = log["energy"]
+    roles = ", ".join(f"{k} {v:.1f}" for k, v in e["cpu_s"].items())
+    info(f"energy {e['joules']:.0f} J ({e['source']}) over {e['wall_s']:.1f} s wall; CPU s: {roles}")
+    if e["assumption"]:
+        info(e["assumption"])
     info(f"payload {log['payload_bytes']}; wrote {out}/log.json, breakdown.png, curve.png")

@@ -81,7 +81,7 @@ def study_qat(
 
 
 def study_actorq(
-    suite: Annotated[str, typer.Option("--suite", help="quick (CI, ~1 min), convergence (3 seeds), speed (2048x3), paper (both)")] = "quick",
+    suite: Annotated[str, typer.Option("--suite", help="quick (CI, ~1 min), convergence (3 seeds), speed (2048x3), paper (both), dmc (DM Control D4PG at Acme's sizes), dmc-quick (CI)")] = "quick",
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for actorq.md/.json, breakdown PNGs, runs/")] = Path("out/study-actorq"),
     as_json: JsonOpt = False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from quarl_edge.runtimes.envs import flatten_dict_wrapper, import_env_modules, make_env
 from quarl_edge.runtimes.errors import InputError
@@ -144,3 +145,9 @@ def env_config(env_id: str) -> EnvConfig:
         wrapper = WrapperConfig(flat.name, {k: list(v) for k, v in flat.kwargs.items()})
         return EnvConfig(id=e.id, family="dmc", wrappers=(wrapper,), imports=DMC_IMPORTS)
     return EnvConfig(id=e.id, family=e.family)
+
+
+def make(env_id: str) -> Any:
+    """The environment of a registered or gymnasium id with its preprocessing (DM Control flattening,
+    Atari wrappers): what every process that steps a task for training builds."""
+    return make_env(env_config(env_id))

@@ -30,7 +30,8 @@ from quarl_edge.study._common import Progress, check_suite, claim_output, import
 STUDY_VERSION = 2
 WINDOW = 10
 COLUMNS = ("task", "precision", "update period", "final return", "vs fp32", "time to target (s)", "reached",
-           "speedup vs fp32", "inference vs fp32")  # fmt: skip
+           "speedup vs fp32", "inference vs fp32", "energy to target (J)",
+           "energy fp32/this (paper, int8: 1.9x-3.8x)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,22 @@ SPEED = (
     Task("CartPole-v1", "dqn", 40_000, 150.0, WIDE, seeds=(0, 1), precisions=("fp32", "int8"),
          overrides=(("learning_rate", 1e-4), ("batch_size", 64))),
 )  # fmt: skip
+# The DeepMind Control Suite at the network sizes of Acme's D4PG (the ActorQ paper's code base): policy
+# (256, 256, 256), critic (512, 512, 256), as its distributed D4PG network factory sets them. Acme's MLPs
+# are LayerNormMLPs (layer norm + tanh after the first layer); ours are plain ReLU MLPs. Three tasks of
+# rising env cost (cartpole 5 obs / 1 action, walker 24 / 6, cheetah 17 / 6 with a heavier MuJoCo step).
+# Steps and targets are first guesses for the multi-seed runs, not tuned here.
+ACME_POLICY, ACME_CRITIC = (256, 256, 256), (512, 512, 256)
+DMC = tuple(
+    Task(f"dm_control/{name}-v0", "d4pg", steps, target, ACME_POLICY, learning_starts=5_000,
+         overrides=(("critic_hidden", ACME_CRITIC),), name="critic-512x512x256")
+    for name, steps, target in (("cartpole-balance", 50_000, 900.0), ("walker-stand", 200_000, 800.0),
+                                ("cheetah-run", 300_000, 400.0))
+)  # fmt: skip
+# dmc-quick: the same shape scaled down, for make test (3,000 steps: a few 1,000-step episodes, no learning)
+DMC_QUICK = Task("dm_control/cartpole-balance-v0", "d4pg", 3_000, 300.0, (32, 32, 32), seeds=(0,),
+                 learning_starts=500, overrides=(("critic_hidden", (64, 64, 32)), ("batch_size", 32),
+                                                 ("train_frequency", 8), ("n_step", 3)), name="critic-64x64x32")  # fmt: skip
 SUITES = {
     # a smoke run: 2,000 steps do not train CartPole, and 50 is above what random play reaches by luck
     "quick": Suite(
@@ -90,6 +107,8 @@ SUITES = {
         )  # fmt: skip
     ),
     "convergence": Suite(tasks=CONVERGENCE),
+    "dmc": Suite(tasks=DMC),
+    "dmc-quick": Suite(tasks=(DMC_QUICK,)),
     "speed": Suite(tasks=SPEED),
     "paper": Suite(tasks=CONVERGENCE + SPEED),
 }
@@ -100,12 +119,14 @@ def final_return(curve: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(returns) if returns else None
 
 
-def time_to_target(curve: list[dict[str, Any]], target: float) -> float | None:
-    """Wall seconds at which the mean of the last WINDOW episodes first reaches ``target``."""
+def time_to_target(curve: list[dict[str, Any]], target: float, key: str = "wall_s") -> float | None:
+    """Wall seconds (or the curve's ``key``: ``energy_j``, joules so far) at which the mean of the last
+    WINDOW episodes first reaches ``target``."""
     for i in range(len(curve)):
         window = [p["return"] for p in curve[max(0, i + 1 - WINDOW) : i + 1]]
         if len(window) == min(WINDOW, len(curve)) and statistics.fmean(window) >= target:
-            return float(curve[i]["wall_s"])
+            value = curve[i].get(key)  # logs written before energy accounting have no energy_j
+            return None if value is None else float(value)
     return None
 
 
@@ -193,6 +214,8 @@ def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision:
         "update_period": period, "precision": precision,
         "final_return": final_return(log["curve"]),
         "time_to_target_s": time_to_target(log["curve"], task.target),
+        "energy_to_target_j": time_to_target(log["curve"], task.target, "energy_j"),
+        "energy": log.get("energy"),
         "target": task.target,
         "run_s": run_s,
         "env_steps": log["env_steps"],
@@ -220,6 +243,7 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
     for task in suite.tasks:
         for period in task.update_periods:
             base_t: float | None = None
+            base_e: float | None = None
             base_finals: list[float] = []
             for precision in task.precisions:
                 rs = [r for r in runs if (r["task"], r["update_period"], r["precision"])
@@ -227,8 +251,10 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
                 finals = [r["final_return"] for r in rs if r["final_return"] is not None]
                 times = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None]
                 mean_t = statistics.fmean(times) if times else None
+                joules = [r["energy_to_target_j"] for r in rs if r.get("energy_to_target_j") is not None]
+                mean_e = statistics.fmean(joules) if joules else None
                 if precision == "fp32":
-                    base_t, base_finals = mean_t, finals
+                    base_t, base_e, base_finals = mean_t, mean_e, finals
                 ratios = [r["inference_throughput"]["ratio_vs_fp32"].get(f"{precision}/fp32") for r in rs]
                 ratios = [x for x in ratios if x is not None]
                 rows.append({
@@ -239,6 +265,9 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
                     "within_fp32_spread": None if precision == "fp32" else within_spread(finals, base_finals),
                     "time_to_target_s": mean_t, "reached": f"{len(times)}/{len(rs)}", "target": task.target,
                     "speedup_vs_fp32": base_t / mean_t if base_t and mean_t else None,
+                    "energy_to_target_j": mean_e,
+                    "energy_ratio_fp32": base_e / mean_e if base_e and mean_e else None,
+                    "energy_source": ",".join(sorted({r["energy"]["source"] for r in rs if r.get("energy")})),
                     "inference_vs_fp32": statistics.fmean(ratios) if ratios else 1.0,
                     "learner_update_share": statistics.fmean(r["learner_share"].get("learner_update", 0.0)
                                                              for r in rs) if rs else None,
@@ -257,13 +286,27 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
          verdict[r["within_fp32_spread"]] if r["precision"] != "fp32" else "ref",
          f(r["time_to_target_s"]), r["reached"],
          f(r["speedup_vs_fp32"], ".2f") + "x" if r["speedup_vs_fp32"] else "—",
-         f(r["inference_vs_fp32"], ".2f") + "x"]
+         f(r["inference_vs_fp32"], ".2f") + "x",
+         f(r.get("energy_to_target_j"), ".0f"),
+         f(r["energy_ratio_fp32"], ".2f") + "x" if r.get("energy_ratio_fp32") else "—"]
         for r in study["rows"]
     ]  # fmt: skip
 
 
+def energy_note(runs: list[dict[str, Any]]) -> str:
+    """How the energy columns were obtained: measured (RAPL) or estimated, with the assumption."""
+    reports = [r["energy"] for r in runs if r.get("energy")]
+    if not reports:
+        return "Energy: not recorded (runs logged before energy accounting)."
+    sources = sorted({e["source"] for e in reports})
+    assumptions = sorted({e["assumption"] for e in reports if e["assumption"]})
+    return (f"Energy to target = joules so far when the target is first reached ({', '.join(sources)}): "
+            + ("RAPL package counters, measured. " if "rapl" in sources else "")
+            + " ".join(assumptions))  # fmt: skip
+
+
 def _slug(label: str) -> str:
-    return label.replace(" ", "-")
+    return label.replace(" ", "-").replace("/", "-")  # dm_control/... is one folder and file name
 
 
 def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
@@ -280,6 +323,7 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
              f"Target return per task: {targets}; "
              f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds); "
              "'within spread': |mean difference| <= the larger seed-to-seed std, or the seeds' ranges overlap.",
+             "", energy_note(study["runs"]),
              "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
     tmp = out / "actorq.md.tmp"
