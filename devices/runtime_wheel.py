@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import zipfile
-from dataclasses import dataclass
 
 from quarl_edge import __version__
-from quarl_edge.devices.zipapp import _EPOCH, _sources
+from quarl_edge.devices.zipapp import Archive, _sources, write_zip
 from quarl_edge.runtimes.fsutil import sha256_bytes
 
 NAME = "quarl_edge_runtime"
@@ -33,22 +31,11 @@ Requires-Dist: gymnasium; extra == "env"
 WHEEL = "Wheel-Version: 1.0\nGenerator: quarl-edge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
 
 
-@dataclass(frozen=True)
-class RuntimeWheel:
-    data: bytes
-    sha256: str
-    files: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"{NAME}-{__version__}-py3-none-any.whl"
-
-
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_runtime_wheel() -> RuntimeWheel:
+def build_runtime_wheel() -> Archive:
     info = f"{NAME}-{__version__}.dist-info"
     entries = [(arc, src.read_bytes()) for arc, src in _sources()]
     entries += [(f"{info}/METADATA", METADATA.encode()), (f"{info}/WHEEL", WHEEL.encode())]
@@ -56,13 +43,6 @@ def build_runtime_wheel() -> RuntimeWheel:
         "".join(f"{arc},{_record_hash(data)},{len(data)}\n" for arc, data in entries) + f"{info}/RECORD,,\n"
     )
     entries.append((f"{info}/RECORD", record.encode()))
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for arc, data in entries:  # RECORD last, as wheel writers do
-            zi = zipfile.ZipInfo(arc, date_time=_EPOCH)
-            zi.external_attr = 0o644 << 16
-            zi.create_system = 3
-            zi.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(zi, data)
-    data = buf.getvalue()
-    return RuntimeWheel(data, sha256_bytes(data), tuple(arc for arc, _ in entries))
+    data = write_zip(entries, zipfile.ZIP_DEFLATED)  # RECORD last, as wheel writers do
+    name = f"{NAME}-{__version__}-py3-none-any.whl"
+    return Archive(data, sha256_bytes(data), tuple(arc for arc, _ in entries), name)

@@ -26,14 +26,29 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 @dataclass(frozen=True)
-class RunnerZip:
+class Archive:
+    """A zip built in memory from this installation: its bytes, their sha256, its entries, its file name."""
+
     data: bytes
     sha256: str
     files: tuple[str, ...]
+    name: str
 
-    @property
-    def name(self) -> str:
-        return f"{self.sha256}.pyz"
+
+RunnerZip = Archive
+
+
+def write_zip(entries: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED) -> bytes:
+    """``entries`` in the given order, with fixed timestamps and modes: the same bytes on every host."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=compression) as zf:
+        for arc, data in entries:
+            info = zipfile.ZipInfo(arc, date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.create_system = 3  # unix, whatever the host
+            info.compress_type = compression
+            zf.writestr(info, data)
+    return buf.getvalue()
 
 
 def _sources() -> list[tuple[str, Path]]:
@@ -47,17 +62,9 @@ def _sources() -> list[tuple[str, Path]]:
     return files
 
 
-def build_runner_zip() -> RunnerZip:
+def build_runner_zip() -> Archive:
     """The zipapp of the installed runner code (built in memory; a few hundred KiB)."""
-    buf = io.BytesIO()
-    names = []
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        entries = [("__main__.py", MAIN)] + [(arc, src.read_bytes()) for arc, src in _sources()]
-        for arc, data in sorted(entries):
-            info = zipfile.ZipInfo(arc, date_time=_EPOCH)
-            info.external_attr = 0o644 << 16
-            info.create_system = 3  # unix, whatever the host
-            zf.writestr(info, data)
-            names.append(arc)
-    data = buf.getvalue()
-    return RunnerZip(data=data, sha256=sha256_bytes(data), files=tuple(names))
+    entries = sorted([("__main__.py", MAIN)] + [(arc, src.read_bytes()) for arc, src in _sources()])
+    data = write_zip(entries)
+    sha = sha256_bytes(data)
+    return Archive(data=data, sha256=sha, files=tuple(arc for arc, _ in entries), name=f"{sha}.pyz")

@@ -49,5 +49,7 @@ def test_it_installs_offline_and_imports_without_torch(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[1:] == ["True", "False"]
     r = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
-    assert f"quarl-edge-runtime {__version__} requires numpy" in r.stdout  # the one dependency, from the board's venv
+    assert (
+        f"quarl-edge-runtime {__version__} requires numpy" in r.stdout
+    )  # the one dependency, from the board's venv
     assert sys.executable != str(py)

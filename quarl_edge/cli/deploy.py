@@ -21,11 +21,11 @@ def deploy(
     model: Annotated[
         str | None, typer.Option("--model", help="default: tune's choice, or the only model")
     ] = None,
+    as_json: JsonOpt = False,
     host: HostOpt = None,
     user: UserOpt = None,
     port: PortOpt = None,
     identity: IdentityOpt = None,
-    as_json: JsonOpt = False,
 ) -> None:
     """Put the runtime (no torch) and the bundle on the board, check it loads and acts there."""
     from quarl_edge.deploy import deploy as run
