@@ -257,7 +257,7 @@ def bench(
             make_env(manifest.policy.env).close()  # the env runs here: a missing package stops it now
         device.update(getattr(transport, "device_facts", None) or {})
         for name in names:
-            runs[name] = _run_model(name, cfg, bundle, transport, state, progress, startup)
+            runs[name] = _run_model(name, cfg, bundle, manifest, transport, state, progress, startup)
             if progress:
                 progress({"event": "model_done", "model": name})
     except QuarlError as e:
@@ -335,6 +335,7 @@ def _run_model(
     name: str,
     cfg: BenchConfig,
     bundle: Path,
+    manifest: Manifest,
     transport: Transport,
     state: PartialBench,
     progress: Callable[[Event], None] | None,
@@ -355,7 +356,9 @@ def _run_model(
     link = None
     if cfg.env_on_host and seeds:
         result = dict(result or {})
-        result["episodes"], link = _episodes_on_host(name, cfg, bundle, transport, seeds, state, progress)
+        result["episodes"], link = _episodes_on_host(
+            name, cfg, bundle, manifest, transport, seeds, state, progress
+        )
     run = state.finish(name, result)
     if link is not None:  # the link's timing, kept beside the device's own measurements
         run["env_on_host"] = link
@@ -385,12 +388,11 @@ def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transpo
     return result
 
 
-def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, transport: Transport, seeds: list[int],
+def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manifest, transport: Transport, seeds: list[int],
                       state: PartialBench, progress: Callable[[Event], None] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     from quarl_edge.bench.env_on_host import host_episodes
     from quarl_edge.devices.link import local_link
 
-    manifest = load_manifest(bundle, verify=False)  # bench() verified it
     opener = getattr(transport, "policy_link", None)
     link = opener(bundle, name, cfg.threads) if opener is not None else local_link(bundle, name, cfg.threads)
 

@@ -4,14 +4,17 @@ the first that passes is the choice (fp32 passes by definition, so it is never s
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.study._common import ray_session
 
 if TYPE_CHECKING:
     from quarl_edge.tune.search import Search
@@ -70,6 +73,8 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
     order = sorted((r for r in rows.values() if r.get("p50_us")), key=lambda r: r["p50_us"])
     faster = [r["name"] for r in order[: order.index(ref)] if _screened_out(cfg, r) is None]
     with ExitStack() as stack:
+        # Ray starts the first time two closed loops can run side by side, and stops with this stage
+        ray_once = functools.cache(lambda: stack.enter_context(ray_session(None)))
         for row in order:
             name = row["name"]
             if name == s.reference:
@@ -83,7 +88,7 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
                 s.notes.append("budget reached before every faster candidate was judged in closed loop")
                 break
             if s.state.get("closed", name) is None:
-                _judge(s, bundle, faster[faster.index(name) :], device, transport, stack)
+                _judge(s, bundle, faster[faster.index(name) :], device, transport, ray_once)
             choice = _verdict(s, bundle, row, rows, ref, device, transport)
             if choice is not None:
                 return choice
@@ -95,7 +100,7 @@ def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
 
 
 def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], transport: Any,
-           stack: ExitStack) -> None:  # fmt: skip
+           ray_once: Callable[[], Any]) -> None:  # fmt: skip
     """The closed loop of queue[0], cached; on the local device with Ray installed, the next candidates'
     too, as Ray tasks side by side (reward does not mind sharing the machine; latency was measured
     before, one model at a time). At most width-1 of them are wasted when queue[0] passes."""
@@ -108,11 +113,7 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
             "closed", todo[0], _reward(s, bundle, todo[0], s.cfg.seed, s.cfg.episodes, device, transport)
         )
         return
-    from quarl_edge.study._common import ray_session
-
-    if not s.ray:
-        s.ray.append(stack.enter_context(ray_session(None)))
-    ray = s.ray[0]
+    ray = ray_once()
     s.log(
         f"closed loop: {', '.join(todo)} vs {s.reference} side by side (Ray), {s.cfg.episodes} paired episodes each"
     )

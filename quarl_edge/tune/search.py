@@ -158,8 +158,6 @@ class Search:
     notes: list[str] = field(default_factory=list)
     trace: Any = None
     manifests: dict[Path, Any] = field(default_factory=dict)
-    ray: list[Any] = field(default_factory=list)
-    """the Ray module once a closed-loop batch started a session (closed for the stage's end)"""
 
     def over_budget(self) -> bool:
         return time.monotonic() > self.deadline
