@@ -13,14 +13,16 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from quarl_edge.actorq import tflite  # noqa: E402
 from quarl_edge.actorq.actors import ACTOR_FIELDS, LEARNER_FIELDS  # noqa: E402
-from quarl_edge.actorq.broadcast import int8_evidence, quantize_broadcast  # noqa: E402
+from quarl_edge.actorq.broadcast import RUNTIMES, graph_name, int8_evidence, quantize_broadcast  # noqa: E402
 from quarl_edge.actorq.d4pg import Actor as D4PGActor  # noqa: E402
 from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
 from quarl_edge.actorq.d4pg import project, support  # noqa: E402
 from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
-from quarl_edge.actorq.throughput import inference_throughput, session  # noqa: E402
+from quarl_edge.actorq.sessions import open_model  # noqa: E402
+from quarl_edge.actorq.throughput import inference_throughput  # noqa: E402
 from quarl_edge.runtimes.errors import InputError  # noqa: E402
 from quarl_edge.study.actorq import ActorQStudyConfig, run_study, time_to_target, within_spread, write_outputs  # noqa: E402
 
@@ -70,9 +72,7 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     for info in seen["info"]:
         assert info["precision"] == "int8"
         ev = info["evidence"]
-        assert (
-            ev["QuantizeLinear"] > 0 and ev["int8_initializers"] >= 3 and ev["float_weight_initializers"] == 0
-        )
+        assert ev["quantize"] > 0 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
     _check_breakdown(log["breakdown"]["learner"], LEARNER_FIELDS)
     actors = [v for k, v in log["breakdown"].items() if k.startswith("actor")]
     assert len(actors) == 2
@@ -91,10 +91,14 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     assert not (tmp_path / "checkpoint" / "model.pt").exists()
     # resume: the checkpoint's step count, update count and curve carry over
     log2 = train(Args(out=tmp_path, steps=2500 + 640, actors=2, learning_starts=500, resume=True))
-    assert log2["events"][0] == {"event": "resumed", "env_steps": log["env_steps"]}
+    resumed = log2["events"][0]
+    assert resumed["event"] == "resumed" and resumed["env_steps"] == log["env_steps"]
     assert 3100 <= log2["env_steps"] <= 2500 + 640 + 2 * 64  # steps is the total, not more after the resume
     assert log2["learner_updates"] > log["learner_updates"]
     assert log2["curve"][: len(log["curve"])] == log["curve"]
+    # wall time continues from the checkpoint's (a time to target spans both parts of a resumed run)
+    assert resumed["wall_s"] >= log["curve"][-1]["wall_s"]
+    assert all(p["wall_s"] >= resumed["wall_s"] for p in log2["curve"][len(log["curve"]) :])
 
 
 @pytest.mark.slow
@@ -186,13 +190,22 @@ def test_checkpoint_restores_every_tensor_exactly(tmp_path: Path, algo: str) -> 
         checkpoint.load(ckpt, make(dataclasses.replace(args, hidden=(8,))).parts())
 
 
-def test_int8_broadcast_payload_is_3x_smaller() -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_int8_broadcast_payload_is_3x_smaller(runtime: str) -> None:
     q = QNetwork(4, 2, (256, 256))
     obs = np.random.default_rng(0).standard_normal((128, 4)).astype(np.float32)
-    fp32 = quantize_broadcast(q.state_dict(), "fp32", None, 0)
-    int8 = quantize_broadcast(q.state_dict(), "int8", obs, 0)
-    assert fp32.nbytes >= 3 * int8.nbytes
-    assert int8_evidence(int8.model)["int8_initializers"] >= 3
+    fp32 = quantize_broadcast(q.state_dict(), "fp32", None, 0, runtime=runtime)
+    fp16 = quantize_broadcast(q.state_dict(), "fp16", None, 0, runtime=runtime)
+    int8 = quantize_broadcast(q.state_dict(), "int8", obs, 0, runtime=runtime)
+    assert fp32.nbytes >= 3 * int8.nbytes and fp32.nbytes >= 1.8 * fp16.nbytes
+    assert int8.runtime == runtime and graph_name(runtime, int8.model) == "qnet"
+    ev = int8_evidence(runtime, int8.model)
+    assert (
+        ev["quantize"] >= 1 and ev["dequantize"] >= 1 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
+    )
+    for other in (fp32, fp16):
+        assert int8_evidence(runtime, other.model) == {"quantize": 0, "dequantize": 0, "int8_weights": 0,
+                                                       "float_weights": 3}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -200,6 +213,7 @@ def test_int8_broadcast_payload_is_3x_smaller() -> None:
     [
         ["--actors", "0"],
         ["--actor-precision", "int4"],
+        ["--actor-runtime", "tensorrt"],
         ["--algo", "d4pg"],  # CartPole has discrete actions
         ["--algo", "a3c"],
         ["--hidden", "64,x"],
@@ -219,7 +233,8 @@ def test_bad_input_is_one_line_exit_2(cli: Any, tmp_path: Path, flags: list[str]
     assert not (tmp_path / "o").exists()
 
 
-def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", ["onnx", "litert", "auto"])
+def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path, runtime: str) -> None:
     seen: dict[str, Any] = {}
 
     def inspect(steps: int, actors: list[Any]) -> None:
@@ -227,16 +242,23 @@ def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path) -> None:
             seen["info"] = ray.get([a.inspect.remote() for a in actors])
 
     args = D4PGArgs(out=tmp_path, steps=1200, actors=2, actor_precision="int8", learning_starts=400,
-                    update_period=50, hidden=(64, 64), batch_size=64, train_frequency=8, n_step=3)  # fmt: skip
+                    update_period=50, hidden=(64, 64), batch_size=64, train_frequency=8, n_step=3,
+                    actor_runtime=runtime)  # fmt: skip
     log = train_d4pg(args, on_chunk=inspect)
     assert log["env_steps"] >= 1200 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     assert all(np.isfinite(v) for v in log["losses"].values())
+    chosen = log["actor_runtime"]["chosen"]
+    if runtime == "auto":  # both timed in a live actor, the faster kept
+        assert set(log["actor_runtime"]["calls_per_s"]) == set(RUNTIMES)
+        speeds = log["actor_runtime"]["calls_per_s"]
+        assert speeds[chosen] == max(speeds.values())
+    else:
+        assert chosen == runtime
+    assert log["inference_throughput"]["runtime"] == chosen
     for info in seen["info"]:
-        assert info["precision"] == "int8" and info["graph"] == "actor"
+        assert info["precision"] == "int8" and info["graph"] == "actor" and info["runtime"] == chosen
         ev = info["evidence"]
-        assert (
-            ev["QuantizeLinear"] > 0 and ev["int8_initializers"] >= 3 and ev["float_weight_initializers"] == 0
-        )
+        assert ev["quantize"] > 0 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
     _check_breakdown(log["breakdown"]["learner"], LEARNER_FIELDS)
     actors = [v for k, v in log["breakdown"].items() if k.startswith("actor")]
     assert len(actors) == 2
@@ -252,7 +274,13 @@ def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path) -> None:
     assert (tmp_path / "checkpoint" / "state.json").is_file() and (tmp_path / "breakdown.png").is_file()
 
 
-def test_continuous_actor_graph_matches_torch_and_int8_is_close() -> None:
+def _actor_outputs(runtime: str, model: bytes, obs: np.ndarray) -> np.ndarray:
+    run = open_model(runtime, model)
+    return np.concatenate([run(np.ascontiguousarray(o.reshape(1, -1))) for o in obs])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_continuous_actor_graph_matches_torch_and_int8_is_close(runtime: str) -> None:
     import torch
 
     low, high = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
@@ -260,10 +288,24 @@ def test_continuous_actor_graph_matches_torch_and_int8_is_close() -> None:
     obs = np.random.default_rng(0).standard_normal((256, 3)).astype(np.float32)
     want = actor(torch.from_numpy(obs)).detach().numpy()
     for precision, tol in (("fp32", 1e-5), ("fp16", 1e-2), ("int8", 0.15)):
-        payload = quantize_broadcast(actor.mlp_state(), precision, obs, 0, actor.squash())
-        got = session(payload.model).run(None, {"obs": obs})[0]
+        payload = quantize_broadcast(actor.mlp_state(), precision, obs, 0, actor.squash(), runtime)
+        got = _actor_outputs(runtime, payload.model, obs)
         assert np.abs(got - want).max() <= tol * 2, precision
         assert (got >= low - 1e-3).all() and (got <= high + 1e-3).all()
+    # the same check catches an int8 actor calibrated on the wrong range (its activations saturate)
+    bad = quantize_broadcast(actor.mlp_state(), "int8", obs * 0.01, 0, actor.squash(), runtime)
+    assert np.abs(_actor_outputs(runtime, bad.model, obs) - want).max() > 0.3
+
+
+def test_litert_int8_needs_calibration_and_unknown_runtime_is_one_line() -> None:
+    from quarl_edge.actorq.broadcast import mlp_layers
+    from quarl_edge.actorq.sessions import check_runtime
+
+    layers = mlp_layers(QNetwork(4, 2, (8,)).state_dict())
+    with pytest.raises(ValueError, match="calibration"):
+        tflite.mlp_tflite(layers, "int8", None, None)
+    with pytest.raises(InputError, match="unknown --actor-runtime 'tensorrt'"):
+        check_runtime("tensorrt")
 
 
 def test_categorical_projection_keeps_mass_and_mean() -> None:
@@ -280,11 +322,13 @@ def test_categorical_projection_keeps_mass_and_mean() -> None:
     assert torch.isclose(mean_out[3], torch.tensor(10.0))
 
 
-def test_throughput_reports_int8_over_fp32_ratio() -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_throughput_reports_int8_over_fp32_ratio(runtime: str) -> None:
     q = QNetwork(4, 2, (64, 64))
     obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
-    models = {p: quantize_broadcast(q.state_dict(), p, obs, 0).model for p in ("fp32", "fp16", "int8")}
-    tp = inference_throughput(models, obs, calls=50, rounds=2)
+    precisions = ("fp32", "fp16", "int8")
+    models = {p: quantize_broadcast(q.state_dict(), p, obs, 0, runtime=runtime).model for p in precisions}
+    tp = inference_throughput(models, obs, calls=50, rounds=2, runtimes=dict.fromkeys(precisions, runtime))
     assert set(tp["ratio_vs_fp32"]) == {"fp16/fp32", "int8/fp32"}
     calls = tp["calls_per_s"]
     assert all(v > 0 for v in calls.values())  # each precision was measured

@@ -69,6 +69,7 @@ class Actor:
         self.episode_return, self.episode_len = 0.0, 0
         self.session: Any = None
         self.precision = "none"
+        self.runtime = "none"
         self.version = -1
         self.since_pull = 0
         self.steps = 0
@@ -76,19 +77,21 @@ class Actor:
         self.timer = LapTimer(ACTOR_FIELDS)
 
     def _pull(self, box: list[Any]) -> None:
-        import onnx
-        import onnxruntime as ort
         import ray
+
+        from quarl_edge.actorq.sessions import open_model
 
         payload = ray.get(box[0])
         self.timer.lap("weight_pull")
-        onnx.load_model_from_string(payload.model)  # parse + validate the bytes before loading
+        if payload.runtime == "onnx":
+            import onnx
+
+            onnx.load_model_from_string(payload.model)  # parse + validate the bytes before loading
+        # a TFLite flatbuffer is read in place: the interpreter's verifier runs inside weight_load
         self.timer.lap("deserialize")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(payload.model, so, providers=["CPUExecutionProvider"])
+        self.session = open_model(payload.runtime, payload.model)
         self.precision, self.version, self.since_pull = payload.precision, payload.version, 0
+        self.runtime = payload.runtime
         self._last_model = payload.model
         self.timer.lap("weight_load")
 
@@ -112,7 +115,7 @@ class Actor:
             if self.rng.random() < epsilon:
                 action = int(self.rng.integers(n_actions))
             else:
-                action = int(np.argmax(self.session.run(None, {"obs": obs})[0][0]))
+                action = int(np.argmax(self.session(obs)[0]))
             t.lap("inference")
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
             t.lap("env_step")
@@ -145,26 +148,27 @@ class Actor:
 
     def inspect(self) -> dict[str, Any]:
         """What this actor is running: precision, broadcast version and the session's graph evidence."""
-        from quarl_edge.actorq.broadcast import int8_evidence
+        from quarl_edge.actorq.broadcast import graph_name, int8_evidence
 
-        info: dict[str, Any] = {"precision": self.precision, "version": self.version, "steps": self.steps}
-        if self.session is not None:
-            meta = self.session.get_modelmeta()
-            info["graph"] = meta.graph_name
+        info: dict[str, Any] = {"precision": self.precision, "runtime": self.runtime, "version": self.version,
+                                "steps": self.steps}  # fmt: skip
         if self._last_model is not None:
-            info["evidence"] = int8_evidence(self._last_model)
+            info["graph"] = graph_name(self.runtime, self._last_model)
+            info["evidence"] = int8_evidence(self.runtime, self._last_model)
         return info
 
-    def benchmark(self, boxes: dict[str, list[Any]], calls: int = 200) -> dict[str, Any]:
+    def benchmark(self, boxes: dict[str, list[Any]], calls: int | None = None) -> dict[str, Any]:
         """Inference throughput of each broadcast payload in this actor's process (one thread, batch 1)."""
         import ray
 
         from quarl_edge.actorq.throughput import inference_throughput
 
-        models = {p: ray.get(b[0]).model for p, b in boxes.items()}
+        payloads = {p: ray.get(b[0]) for p, b in boxes.items()}
         n_obs = int(np.prod(self.env.observation_space.shape or (1,)))
         obs = self.rng.standard_normal((64, n_obs)).astype(np.float32)
-        return {"actor": self.actor_id, **inference_throughput(models, obs, calls)}
+        models = {p: x.model for p, x in payloads.items()}
+        runtimes = {p: x.runtime for p, x in payloads.items()}
+        return {"actor": self.actor_id, **inference_throughput(models, obs, calls, runtimes=runtimes)}
 
 
 class ContinuousActor(Actor):
@@ -200,7 +204,7 @@ class ContinuousActor(Actor):
         half = (self.high - self.low) / 2
         for _ in range(steps):
             obs = np.asarray(self.obs, np.float32).reshape(1, -1)
-            action = self.session.run(None, {"obs": obs})[0][0]
+            action = self.session(obs)[0]
             t.lap("inference")
             action = np.clip(action + self.rng.normal(0.0, noise, action.shape) * half, self.low, self.high)
             action = action.astype(np.float32)

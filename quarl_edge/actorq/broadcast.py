@@ -1,10 +1,15 @@
 """Weight broadcast for ActorQ: the learner quantizes once, every actor loads the same payload.
 
-The payload is a self-contained ONNX model (bytes) of the policy MLP at the actors' precision (DQN's
-Q-network, or D4PG's deterministic actor with its tanh squash scaled to the action bounds),
-built straight from the learner's fp32 weights (no torch export: a few ms), so actors need only numpy
-and onnxruntime. int8 is ONNX Runtime static quantization, QDQ, int8 weights and activations (S8S8,
-per-tensor), calibrated on observations sampled from the learner's replay buffer.
+The payload is a self-contained model (bytes) of the policy MLP at the actors' precision (DQN's
+Q-network, or D4PG's deterministic actor with its tanh squash scaled to the action bounds), built
+straight from the learner's fp32 weights (no torch export: a few ms), for one of two actor runtimes
+(RUNTIMES), so actors need only numpy and that runtime:
+- ``onnx``: an ONNX graph; int8 is ONNX Runtime static quantization, QDQ, int8 weights and activations
+  (S8S8, per-tensor), calibrated on observations sampled from the learner's replay buffer.
+- ``litert``: a TFLite flatbuffer (actorq/tflite.py); int8 is full-integer, per-channel weights,
+  calibrated on the same observations.
+Which is faster depends on the network size and the CPU (``--actor-runtime auto`` measures both in a
+live actor at the start of a run; benchmarks/actorq_inference.py prints the table).
 
 Why ONNX Runtime QDQ and not torch ``quantize_dynamic`` (fbgemm/x86 int8 Linear): measured here, one
 thread, batch 1, on a loaded 2-core AVX-512 VNNI machine (see README "ActorQ"):
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 
 PRECISIONS = ("fp32", "fp16", "int8")
+RUNTIMES = ("onnx", "litert")
 INPUT_NAME, OUTPUT_NAME = "obs", "q"
 Squash = tuple[np.ndarray, np.ndarray]
 """(scale, bias) of a continuous actor: action = tanh(mlp(obs)) * scale + bias, per action dimension"""
@@ -39,6 +45,8 @@ class Payload:
     version: int
     precision: str
     model: bytes
+    runtime: str = "onnx"
+    """onnx or litert: what the actors open ``model`` with"""
 
     @property
     def nbytes(self) -> int:
@@ -128,10 +136,19 @@ def quantize_broadcast(
     calib_obs: np.ndarray | None,
     version: int,
     squash: Squash | None = None,
+    runtime: str = "onnx",
 ) -> Payload:
-    """The learner's fp32 weights as one payload at ``precision`` (int8 needs calibration observations);
-    ``squash`` makes it a continuous actor (tanh scaled to the action bounds)."""
+    """The learner's fp32 weights as one payload at ``precision`` for ``runtime`` (int8 calibrates on
+    ``calib_obs``); ``squash`` makes it a continuous actor (tanh scaled to the action bounds)."""
     layers = mlp_layers(state_dict)
+    calib = calib_obs
+    if calib is None or len(calib) == 0:
+        # before any experience: a unit-range guess, replaced at the next broadcast
+        calib = np.random.default_rng(0).standard_normal((64, layers[0][0].shape[1])).astype(np.float32)
+    if runtime == "litert":
+        from quarl_edge.actorq.tflite import mlp_tflite
+
+        return Payload(version, precision, mlp_tflite(layers, precision, squash, calib), runtime)
     model = mlp_onnx(layers, fp16=precision == "fp16", squash=squash)
     if precision != "int8":
         return Payload(version, precision, model.SerializeToString())
@@ -140,9 +157,6 @@ def quantize_broadcast(
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    if calib_obs is None or len(calib_obs) == 0:
-        # before any experience: a unit-range guess, replaced at the next broadcast
-        calib_obs = np.random.default_rng(0).standard_normal((64, layers[0][0].shape[1])).astype(np.float32)
     logging.getLogger().setLevel(logging.ERROR)  # ORT's "consider pre-processing" advice, every call
     with tempfile.TemporaryDirectory(prefix="quarl-aq-") as d:
         src, dst = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
@@ -150,7 +164,7 @@ def quantize_broadcast(
         quantize_static(
             str(src),
             str(dst),
-            _Calibration(calib_obs),
+            _Calibration(calib),
             quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
@@ -159,18 +173,33 @@ def quantize_broadcast(
         return Payload(version, precision, dst.read_bytes())
 
 
-def int8_evidence(model: bytes) -> dict[str, int]:
-    """Counts that show a payload really is int8: QDQ nodes and int8 weight initializers."""
+def graph_name(runtime: str, model: bytes) -> str:
+    """``qnet`` or ``actor``: what a payload holds."""
+    if runtime == "litert":
+        from quarl_edge.actorq.tflite import graph_name as tflite_graph_name
+
+        return tflite_graph_name(model)
+    import onnx
+
+    return str(onnx.load_model_from_string(model).graph.name)
+
+
+def int8_evidence(runtime: str, model: bytes) -> dict[str, int]:
+    """Counts that show a payload really is int8, the same keys for both runtimes: quantize and
+    dequantize ops, weight matrices stored as int8 and as float."""
+    if runtime == "litert":
+        from quarl_edge.actorq.tflite import int8_evidence as tflite_evidence
+
+        return tflite_evidence(model)
     import onnx
     from onnx import TensorProto
 
     m = onnx.load_model_from_string(model)
     ops = [n.op_type for n in m.graph.node]
+    matrices = [t for t in m.graph.initializer if len(t.dims) == 2]
     return {
-        "QuantizeLinear": ops.count("QuantizeLinear"),
-        "DequantizeLinear": ops.count("DequantizeLinear"),
-        "int8_initializers": sum(t.data_type == TensorProto.INT8 for t in m.graph.initializer),
-        "float_weight_initializers": sum(
-            t.data_type == TensorProto.FLOAT and len(t.dims) == 2 for t in m.graph.initializer
-        ),
+        "quantize": ops.count("QuantizeLinear"),
+        "dequantize": ops.count("DequantizeLinear"),
+        "int8_weights": sum(t.data_type == TensorProto.INT8 for t in matrices),
+        "float_weights": sum(t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16) for t in matrices),
     }

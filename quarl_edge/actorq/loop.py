@@ -27,7 +27,8 @@ from quarl_edge.actorq import checkpoint
 from quarl_edge.actorq.actors import LEARNER_FIELDS, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, Squash, quantize_broadcast
 from quarl_edge.actorq.energy import EnergyMeter
-from quarl_edge.actorq.throughput import actor_throughput
+from quarl_edge.actorq.sessions import check_runtime
+from quarl_edge.actorq.throughput import actor_throughput, choose_runtime
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 
 LOG_VERSION = 1
@@ -49,7 +50,10 @@ class ActorQArgs:
     actors: int = 2
     """number of Ray actors collecting experience"""
     actor_precision: str = "int8"
-    """precision of the actors' policy copy: fp32, fp16 or int8 (ONNX Runtime QDQ S8S8)"""
+    """precision of the actors' policy copy: fp32, fp16 or int8"""
+    actor_runtime: str = "auto"
+    """what the actors run it on: onnx (ONNX Runtime; int8 = QDQ S8S8), litert (TFLite; int8 = full
+    integer) or auto (both timed in a live actor at the start, the faster kept; recorded in log.json)"""
     update_period: int = 100
     """actor steps between weight pulls (an actor pulls only when a newer broadcast exists)"""
     steps: int
@@ -76,6 +80,9 @@ class ActorQArgs:
     """environment steps between checkpoints (and one at the end)"""
     calibration_size: int = 256
     """replay observations that calibrate each int8 broadcast"""
+    learner_threads: int = 1
+    """torch threads of the learner: the actors have the other cores (on 2 busy cores torch's second
+    thread spin-waits: a 512-wide D4PG update measured 646 ms at 2 threads vs 38 ms at 1)"""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """free-form notes copied into log.json"""
 
@@ -92,8 +99,9 @@ class ActorQArgs:
             raise InputError(
                 f"unknown --actor-precision {self.actor_precision!r}", f"known: {', '.join(PRECISIONS)}"
             )
+        check_runtime(self.actor_runtime)
         for name in ("update_period", "steps", "chunk", "broadcast_every", "batch_size", "train_frequency",
-                     *positive):  # fmt: skip
+                     "learner_threads", *positive):  # fmt: skip
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if not self.hidden or min(self.hidden) < 1:
@@ -185,6 +193,16 @@ def run(
         from ray.exceptions import RayActorError
     except ImportError:
         raise MissingDependencyError("ActorQ runs on Ray", "pip install 'quarl-edge[actorq]'") from None
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(args.learner_threads)
+    try:
+        return _run(args, make_learner, on_chunk, ray, RayActorError)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnChunk | None, ray: Any,
+         RayActorError: type) -> dict[str, Any]:  # fmt: skip
     from quarl_edge.policy.registry import make
 
     random.seed(args.seed)
@@ -197,13 +215,15 @@ def run(
     learner = make_learner(args, n_obs, action_space)
     rb = learner.replay
     global_step, updates, version, curve, events = 0, 0, 0, [], []
+    wall_before = 0.0  # a resumed run's wall seconds before its checkpoint: curve times continue from there
     ckpt = args.out / "checkpoint"
     if args.resume and (ckpt / "state.json").is_file():
         state, replay = checkpoint.load(ckpt, learner.parts())
         rb.add_batch(replay)
         global_step, updates, version = state["global_step"], state["updates"], state["version_broadcast"]
         curve = state.get("curve", [])
-        events.append({"event": "resumed", "env_steps": global_step})
+        wall_before = float(state.get("wall_s", curve[-1]["wall_s"] if curve else 0.0))
+        events.append({"event": "resumed", "env_steps": global_step, "wall_s": round(wall_before, 3)})
     args.out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
@@ -225,28 +245,37 @@ def run(
     def calibration() -> np.ndarray | None:
         return rb.obs[rng.integers(0, rb.size, args.calibration_size)] if rb.size else None
 
+    runtime = args.actor_runtime
+
     def broadcast() -> list[Any]:
         calib = calibration()
         weights, squash = learner.policy()
-        payload = quantize_broadcast(weights, args.actor_precision, calib, version, squash)
+        payload = quantize_broadcast(weights, args.actor_precision, calib, version, squash, runtime)
         payload_bytes.append(payload.nbytes)
         return [ray.put(payload)]  # once for all actors; the list keeps Ray from resolving it per call
 
     def save_checkpoint() -> None:
         state = {"version": LOG_VERSION, "global_step": global_step, "updates": updates,
-                 "version_broadcast": version, "curve": curve}  # fmt: skip
+                 "version_broadcast": version, "curve": curve,
+                 "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
         checkpoint.save(ckpt, learner.parts(), rb.arrays(), state)
 
     payload_bytes: list[int] = []
     actor_reports: dict[int, dict[str, Any]] = {}
+    runtime_choice: dict[str, Any] = {"chosen": runtime, "why": "--actor-runtime"}
     try:
         actors = [start_actor() for _ in range(args.actors)]
         slot_ids = list(range(args.actors))
+        if runtime == "auto":
+            weights, squash = learner.policy()
+            runtime_choice = choose_runtime(actors[0], weights, args.actor_precision, calibration(), squash)
+            runtime = runtime_choice["chosen"]
         box = broadcast()
         timer = LapTimer(LEARNER_FIELDS)
         meter = EnergyMeter()
         joules_before = curve[-1].get("energy_j", 0.0) if curve else 0.0  # a resumed run's earlier part
         start_wall = time.perf_counter()
+        events.append({"event": "actor_runtime", **runtime_choice})
 
         def cpu_s() -> dict[str, float]:  # per role: the learner's own, each actor's last report
             return {"learner": timer.cpu_s(), **{f"actor{k}": v.get("cpu_s", 0.0)
@@ -286,7 +315,7 @@ def run(
             actor_reports[batch["actor_id"]] = {**batch["breakdown"], "version": batch["version"]}
             joules = meter.joules(sum(cpu_s().values()))  # so far, for the energy to a target return
             for ret, length in batch["episodes"]:
-                curve.append({"wall_s": round(wall, 4), "env_steps": global_step, "return": ret,
+                curve.append({"wall_s": round(wall_before + wall, 4), "env_steps": global_step, "return": ret,
                               "length": length, "actor": batch["actor_id"],
                               "energy_j": round(joules_before + joules, 3)})  # fmt: skip
             if on_chunk is not None:
@@ -319,7 +348,7 @@ def run(
         energy = meter.report(cpu_s(), time.perf_counter() - start_wall)
         calib = calibration()
         weights, squash = learner.policy()
-        throughput = actor_throughput(actors[0], weights, args.actor_precision, calib, squash)
+        throughput = actor_throughput(actors[0], weights, args.actor_precision, calib, squash, runtime)
         for a in actors:
             ray.kill(a)
     finally:
@@ -327,13 +356,14 @@ def run(
             ray.shutdown()
 
     weights, squash = learner.policy()
-    fp32_bytes = quantize_broadcast(weights, "fp32", None, version, squash).nbytes
+    fp32_bytes = quantize_broadcast(weights, "fp32", None, version, squash, runtime).nbytes
     log = {
         "version": LOG_VERSION,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
         "env_steps": global_step,
         "learner_updates": updates,
         **learner.summary(),
+        "actor_runtime": runtime_choice,
         "broadcasts": len(payload_bytes),
         "payload_bytes": {args.actor_precision: payload_bytes[-1], "fp32": fp32_bytes},
         "startup_s": {"ray_init": ray_init_s},

@@ -1,9 +1,10 @@
 """Per-actor inference throughput: the broadcast models of each precision timed side by side.
 
 An actor runs its policy one observation at a time on one thread, so that is what is timed: batch 1,
-``intra_op_num_threads=1``, the same ONNX Runtime session options as `Actor._pull`. Precisions are timed
-in interleaved rounds so machine noise hits each alike; the median round wins. Used by the learner at
-the end of a run (inside a live Ray actor: `Actor.benchmark`) and by benchmarks/actorq_inference.py.
+one thread, opened exactly as `Actor._pull` opens it (sessions.open_model). Models are timed in
+interleaved rounds so machine noise hits each alike; the median round wins. Used by the learner at the
+start of a run to pick the actors' runtime (``--actor-runtime auto``) and at its end (both inside a live
+Ray actor: `Actor.benchmark`), and by benchmarks/actorq_inference.py.
 """
 
 from __future__ import annotations
@@ -14,40 +15,37 @@ from typing import Any
 
 import numpy as np
 
-
-def session(model: bytes) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+from quarl_edge.actorq.sessions import open_model
 
 
 def inference_throughput(
-    models: dict[str, bytes], obs: np.ndarray, calls: int | None = None, rounds: int = 5
+    models: dict[str, bytes],
+    obs: np.ndarray,
+    calls: int | None = None,
+    rounds: int = 5,
+    runtimes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Batch-1 calls per second per precision, and each precision's ratio over fp32 (``int8/fp32``).
+    """Batch-1 calls per second per model, and each model's ratio over the one labelled ``fp32``
+    (``int8/fp32``). ``runtimes`` maps a label to its runtime (default: onnx for every model).
 
     ``calls`` per round defaults to what fills ~50 ms for the slowest model (a 5 us MLP timed over a
     millisecond is all scheduler noise on a loaded machine)."""
-    sessions = {p: session(m) for p, m in models.items()}
-    name = {p: s.get_inputs()[0].name for p, s in sessions.items()}
+    runners = {p: open_model((runtimes or {}).get(p, "onnx"), m) for p, m in models.items()}
     obs = np.ascontiguousarray(obs, dtype=np.float32)
     slowest = 0.0
-    for p, s in sessions.items():  # warm-up: first calls allocate
+    for run in runners.values():  # warm-up: first calls allocate
         t = time.perf_counter()
         for r in obs[:10]:
-            s.run(None, {name[p]: r.reshape(1, -1)})
+            run(np.ascontiguousarray(r.reshape(1, -1)))
         slowest = max(slowest, (time.perf_counter() - t) / 10)
     calls = calls or int(min(max(0.05 / max(slowest, 1e-7), 50), 20_000))
-    rows = [obs[i % len(obs)].reshape(1, -1) for i in range(calls)]
-    per_round: dict[str, list[float]] = {p: [] for p in sessions}
+    rows = [np.ascontiguousarray(obs[i % len(obs)].reshape(1, -1)) for i in range(calls)]
+    per_round: dict[str, list[float]] = {p: [] for p in runners}
     for _ in range(rounds):
-        for p, s in sessions.items():
+        for p, run in runners.items():
             t = time.perf_counter()
             for r in rows:
-                s.run(None, {name[p]: r})
+                run(r)
             per_round[p].append(calls / (time.perf_counter() - t))
     out: dict[str, Any] = {
         "calls_per_s": {p: statistics.median(v) for p, v in per_round.items()},
@@ -65,12 +63,45 @@ def actor_throughput(
     precision: str,
     calib_obs: np.ndarray | None,
     squash: Any = None,
+    runtime: str = "onnx",
 ) -> dict[str, Any]:
-    """Time fp32, int8 and the run's ``precision`` of the final weights inside one live Ray actor."""
+    """Time fp32, int8 and the run's ``precision`` of the final weights on the run's ``runtime`` inside
+    one live Ray actor."""
     import ray
 
     from quarl_edge.actorq.broadcast import quantize_broadcast
 
     precisions = dict.fromkeys(("fp32", "int8", precision))
-    boxes = {p: [ray.put(quantize_broadcast(state_dict, p, calib_obs, -1, squash))] for p in precisions}
-    return ray.get(handle.benchmark.remote(boxes))
+    boxes = {
+        p: [ray.put(quantize_broadcast(state_dict, p, calib_obs, -1, squash, runtime))] for p in precisions
+    }
+    return {"runtime": runtime, **ray.get(handle.benchmark.remote(boxes))}
+
+
+def choose_runtime(
+    handle: Any,
+    state_dict: dict[str, Any],
+    precision: str,
+    calib_obs: np.ndarray | None,
+    squash: Any = None,
+) -> dict[str, Any]:
+    """``--actor-runtime auto``: the payload at ``precision`` on every installed runtime, timed side by side
+    inside one live Ray actor; the fastest is ``chosen``."""
+    import ray
+
+    from quarl_edge.actorq.broadcast import quantize_broadcast
+    from quarl_edge.actorq.sessions import available_runtimes
+
+    runtimes = available_runtimes()
+    if len(runtimes) == 1:
+        return {"chosen": runtimes[0], "calls_per_s": {}, "why": "the only actor runtime installed"}
+    boxes = {
+        r: [ray.put(quantize_broadcast(state_dict, precision, calib_obs, -1, squash, r))] for r in runtimes
+    }
+    measured = ray.get(handle.benchmark.remote(boxes))["calls_per_s"]
+    chosen = max(measured, key=measured.get)
+    return {
+        "chosen": chosen,
+        "calls_per_s": measured,
+        "why": f"fastest {precision} actor measured at the start",
+    }

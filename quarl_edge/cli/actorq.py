@@ -21,7 +21,8 @@ def actorq(
     out: Annotated[Path, out_option("folder for log.json, breakdown.png, curve.png, checkpoint/")],
     algo: Annotated[str, typer.Option("--algo", help="dqn (discrete) or d4pg (continuous)")] = "dqn",
     actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
-    actor_precision: Annotated[str, typer.Option("--actor-precision", help="fp32, fp16 or int8 (ONNX Runtime QDQ)")] = "int8",
+    actor_precision: Annotated[str, typer.Option("--actor-precision", help="fp32, fp16 or int8")] = "int8",
+    actor_runtime: Annotated[str, typer.Option("--actor-runtime", help="onnx, litert, or auto (time both in an actor, keep the faster)")] = "auto",
     update_period: Annotated[int, typer.Option("--update-period", help="actor steps between weight pulls")] = 100,
     address: AddressOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
@@ -48,7 +49,7 @@ def actorq(
                 "--v-min/--v-max set the D4PG critic's value support", "drop them for --algo dqn"
             )
         sizes |= {"v_min": v_min, "v_max": v_max}
-    args = learner.Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision,
+    args = learner.Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision, actor_runtime=actor_runtime,
                         update_period=update_period, address=address, steps=steps, seed=seed, resume=resume,
                         **sizes)  # fmt: skip
     args.validate()  # before Ray starts
@@ -62,7 +63,9 @@ def actorq(
     ratios = ", ".join(
         f"{k} {v:.2f}x" for k, v in log["inference_throughput"].get("ratio_vs_fp32", {}).items()
     )
-    info(f"per-actor inference throughput {ratios or 'fp32 only'}")
+    choice = log["actor_runtime"]
+    info(f"actor runtime {choice['chosen']} ({choice['why']}); per-actor inference throughput on it "
+         f"{ratios or 'fp32 only'}")  # fmt: skip
     e = log["energy"]
     roles = ", ".join(f"{k} {v:.1f}" for k, v in e["cpu_s"].items())
     info(f"energy {e['joules']:.0f} J ({e['source']}) over {e['wall_s']:.1f} s wall; CPU s: {roles}")

@@ -190,7 +190,7 @@ def _reusable(args: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     want = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
-    saved = dict(log.get("args", {}))
+    saved = {"actor_runtime": "onnx", **log.get("args", {})}  # logs from before the choice ran ONNX Runtime
     if "v_min" in want:  # D4PG: compare the value support the runs used, however it was given
         from quarl_edge.actorq.d4pg import support
 
