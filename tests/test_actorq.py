@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -90,7 +91,7 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
         assert (tmp_path / name).is_file(), name
     assert not (tmp_path / "checkpoint" / "model.pt").exists()
     # resume: the checkpoint's step count, update count and curve carry over
-    log2 = train(Args(out=tmp_path, steps=2500 + 640, actors=2, learning_starts=500, resume=True))
+    log2 = train(dataclasses.replace(args, steps=2500 + 640, resume=True))
     resumed = log2["events"][0]
     assert resumed["event"] == "resumed" and resumed["env_steps"] == log["env_steps"]
     assert 3100 <= log2["env_steps"] <= 2500 + 640 + 2 * 64  # steps is the total, not more after the resume
@@ -410,3 +411,26 @@ def test_d4pg_value_support_is_set_known_or_estimated() -> None:
     assert "estimated" in source and lo < -500 and hi >= 0  # random Pendulum returns reach about -700
     with pytest.raises(InputError, match="both"):
         D4PGArgs(env="Pendulum-v1", v_min=-5.0).validate()
+
+
+def test_study_runs_seed_major_with_precisions_interleaved() -> None:
+    from quarl_edge.study.actorq import SUITES, _order
+
+    order = [(t.env, seed, precision) for t, seed, _, precision in _order(SUITES["dmc"])]
+    assert len(order) == 27
+    assert [seed for _, seed, _ in order[:9]] == [0] * 9  # one seed of every task first
+    assert [env.split("/")[1] for env, _, _ in order[:9:3]] == [
+        "cartpole-balance-v0",
+        "walker-stand-v0",
+        "cheetah-run-v0",
+    ]
+    assert [p for _, _, p in order[:3]] == ["fp32", "fp16", "int8"]
+
+
+def test_resume_with_other_learning_settings_is_refused(local_ray: str, tmp_path: Path) -> None:
+    args = Args(out=tmp_path, steps=700, actors=1, learning_starts=300, chunk=64)
+    train(args)
+    with pytest.raises(InputError, match="other settings .*learning_rate"):
+        train(dataclasses.replace(args, steps=900, resume=True, learning_rate=1e-2))
+    log = train(dataclasses.replace(args, steps=900, resume=True))  # more steps: a resume may go further
+    assert log["events"][0]["event"] == "resumed" and log["env_steps"] >= 900

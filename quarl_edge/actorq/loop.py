@@ -13,6 +13,7 @@ steps.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -180,6 +181,26 @@ class Learner(Protocol):
 
 
 A = TypeVar("A", bound=ActorQArgs)
+RESUME_MAY_CHANGE = ("steps", "resume", "address", "extra", "out", "checkpoint_every")
+"""settings a resumed run may change: how far it goes and where it runs, not what it learns"""
+
+
+def _args_json(args: ActorQArgs) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
+
+
+def _check_resume_args(args: ActorQArgs, ckpt: Path) -> None:
+    """InputError when the checkpoint was written with other learning settings than ``args``
+    (checkpoints from before the settings were saved carry none and are taken as they are)."""
+    saved = json.loads((ckpt / "state.json").read_text()).get("args")
+    if saved is None:
+        return
+    now = json.loads(json.dumps(_args_json(args)))  # tuples as lists, like the saved JSON
+    changed = sorted(k for k in now if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k])
+    if changed:
+        detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in changed[:4])
+        raise InputError(f"{ckpt} was written with other settings ({detail})",
+                         "resume with the same settings, or give a new --out")  # fmt: skip
 
 
 def run(
@@ -215,14 +236,17 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
     learner = make_learner(args, n_obs, action_space)
     rb = learner.replay
     global_step, updates, version, curve, events = 0, 0, 0, [], []
+    resumed_choice: dict[str, Any] | None = None
     wall_before = 0.0  # a resumed run's wall seconds before its checkpoint: curve times continue from there
     ckpt = args.out / "checkpoint"
     if args.resume and (ckpt / "state.json").is_file():
+        _check_resume_args(args, ckpt)
         state, replay = checkpoint.load(ckpt, learner.parts())
         rb.add_batch(replay)
         global_step, updates, version = state["global_step"], state["updates"], state["version_broadcast"]
         curve = state.get("curve", [])
         wall_before = float(state.get("wall_s", curve[-1]["wall_s"] if curve else 0.0))
+        resumed_choice = state.get("actor_runtime")  # the runtime auto chose before: kept for the whole run
         events.append({"event": "resumed", "env_steps": global_step, "wall_s": round(wall_before, 3)})
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -256,13 +280,14 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
 
     def save_checkpoint() -> None:
         state = {"version": LOG_VERSION, "global_step": global_step, "updates": updates,
-                 "version_broadcast": version, "curve": curve,
-                 "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
+                 "version_broadcast": version, "curve": curve, "args": _args_json(args),
+                 "actor_runtime": runtime_choice, "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
         checkpoint.save(ckpt, learner.parts(), rb.arrays(), state)
 
     payload_bytes: list[int] = []
     actor_reports: dict[int, dict[str, Any]] = {}
-    runtime_choice: dict[str, Any] = {"chosen": runtime, "why": "--actor-runtime"}
+    runtime_choice: dict[str, Any] = resumed_choice or {"chosen": runtime, "why": "--actor-runtime"}
+    runtime = runtime_choice["chosen"]
     try:
         actors = [start_actor() for _ in range(args.actors)]
         slot_ids = list(range(args.actors))
@@ -359,7 +384,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
     fp32_bytes = quantize_broadcast(weights, "fp32", None, version, squash, runtime).nbytes
     log = {
         "version": LOG_VERSION,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+        "args": _args_json(args),
         "env_steps": global_step,
         "learner_updates": updates,
         **learner.summary(),
