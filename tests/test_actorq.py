@@ -417,8 +417,8 @@ def test_study_runs_seed_major_with_precisions_interleaved() -> None:
     from quarl_edge.study.actorq import SUITES, _order
 
     order = [(t.env, seed, precision) for t, seed, _, precision in _order(SUITES["dmc"])]
-    assert len(order) == 27
-    assert [seed for _, seed, _ in order[:9]] == [0] * 9  # one seed of every task first
+    assert len(order) == 27 + 9  # 3 tasks x 3 seeds x 3 precisions at 256x3, one seed at 2048x3
+    assert [seed for _, seed, _ in order[:18]] == [0] * 18  # one seed of every task first
     assert [env.split("/")[1] for env, _, _ in order[:9:3]] == [
         "cartpole-balance-v0",
         "walker-stand-v0",

@@ -30,7 +30,7 @@ from quarl_edge.study._common import Progress, check_suite, claim_output, import
 STUDY_VERSION = 2
 WINDOW = 10
 COLUMNS = ("task", "precision", "update period", "final return", "vs fp32", "time to target (s)", "reached",
-           "speedup vs fp32", "inference vs fp32", "energy to target (J)",
+           "speedup vs fp32", "env steps/s", "steps/s vs fp32", "inference vs fp32", "energy to target (J)",
            "energy fp32/this (paper, int8: 1.9x-3.8x)")  # fmt: skip
 
 
@@ -77,23 +77,38 @@ SPEED = (
     Task("CartPole-v1", "dqn", 40_000, 150.0, WIDE, seeds=(0, 1), precisions=("fp32", "int8"),
          overrides=(("learning_rate", 1e-4), ("batch_size", 64)), actor_runtime="onnx"),
 )  # fmt: skip
-# The DeepMind Control Suite at the network sizes of Acme's D4PG (the ActorQ paper's code base): policy
-# (256, 256, 256), critic (512, 512, 256), as its distributed D4PG network factory sets them. Acme's MLPs
-# are LayerNormMLPs (layer norm + tanh after the first layer); ours are plain ReLU MLPs. From Acme's
-# D4PGConfig: batch 256, n-step 5, discount 0.99, exploration sigma 0.3, samples_per_insert 32 (one
-# update of 256 per 8 inserted steps: train_frequency 8). Not Acme's: learning rate 3e-4 (its 1e-4 needs
-# more steps than two cores give), soft target updates (tau 0.005). Three tasks of rising env cost
-# (cartpole 5 obs / 1 action, walker 24 / 6, cheetah 17 / 6 with a heavier MuJoCo step). cartpole's
-# budget and target follow a pilot run here (int8 actors, 50k steps: last-10 mean 767, 840 at the end);
-# walker's and cheetah's are first guesses (a target no seed reaches shows as 0/3, never as a speedup).
+# The DeepMind Control Suite, D4PG, at the network sizes of the paper's own ActorQ code
+# (harvard-edge/QuaRL, actorQ/d4pg/utils.py make_networks): critic (512, 512, 256), policy (256, 256, 256)
+# by default -- Acme's D4PG sizes -- and (2048, 2048, 2048) as its run script and README pass it
+# (--model_str; the argparse default is 4096x3). Ours are plain ReLU MLPs (the paper's policy MLP uses
+# tanh, its critic is Acme's LayerNormMLP). From Acme's D4PGConfig: batch 256, n-step 5, discount 0.99,
+# exploration sigma 0.3, samples_per_insert 32 (one update of 256 per 8 inserted steps: train_frequency
+# 8). Not Acme's: learning rate 3e-4 (its 1e-4 needs more steps than two cores give), soft target
+# updates (tau 0.005). Three tasks of rising env cost (cartpole 5 obs / 1 action, walker 24 / 6, cheetah
+# 17 / 6 with a heavier MuJoCo step). cartpole's budget and target follow a pilot run here (int8 actors,
+# 50k steps: last-10 mean 767, 840 at the end); walker's and cheetah's are first guesses (a target no
+# seed reaches shows as 0/3, never as a speedup).
 ACME_POLICY, ACME_CRITIC = (256, 256, 256), (512, 512, 256)
 ACME_D4PG = (("critic_hidden", ACME_CRITIC), ("batch_size", 256), ("n_step", 5), ("gamma", 0.99),
              ("exploration_noise", 0.3), ("train_frequency", 8), ("learning_rate", 3e-4))  # fmt: skip
+DMC_TASKS = (
+    ("cartpole-balance", 100_000, 800.0),
+    ("walker-stand", 200_000, 600.0),
+    ("cheetah-run", 300_000, 250.0),
+)
 DMC = tuple(
     Task(f"dm_control/{name}-v0", "d4pg", steps, target, ACME_POLICY, learning_starts=5_000,
          overrides=ACME_D4PG, name="critic-512x512x256")
-    for name, steps, target in (("cartpole-balance", 100_000, 800.0), ("walker-stand", 200_000, 600.0),
-                                ("cheetah-run", 300_000, 250.0))
+    for name, steps, target in DMC_TASKS
+)  # fmt: skip
+# The paper run script's 2048x3 policy: one update of this policy at batch 256 takes ~0.3-0.5 s on one
+# core here (measured: 542 ms on the loaded machine, vs 42 ms at 256x3), so these runs are short (20k
+# steps: ~900 updates at the paper's samples_per_insert of 16, its run script's spi), one seed: they
+# measure where the time goes and the end-to-end speed (env steps/s), not convergence.
+DMC_LARGE = tuple(
+    Task(f"dm_control/{name}-v0", "d4pg", 20_000, target, WIDE, seeds=(0,), learning_starts=5_000,
+         overrides=(*ACME_D4PG[:-2], ("train_frequency", 16), ACME_D4PG[-1]), name="critic-512x512x256")
+    for name, _, target in DMC_TASKS
 )  # fmt: skip
 # dmc-quick: the same shape scaled down, for make test (3,000 steps: a few 1,000-step episodes, no learning)
 DMC_QUICK = Task("dm_control/cartpole-balance-v0", "d4pg", 3_000, 300.0, (32, 32, 32), seeds=(0,),
@@ -116,7 +131,7 @@ SUITES = {
         )  # fmt: skip
     ),
     "convergence": Suite(tasks=CONVERGENCE),
-    "dmc": Suite(tasks=DMC),
+    "dmc": Suite(tasks=DMC + DMC_LARGE),
     "dmc-quick": Suite(tasks=(DMC_QUICK,)),
     "speed": Suite(tasks=SPEED),
     "paper": Suite(tasks=CONVERGENCE + SPEED),
@@ -237,6 +252,7 @@ def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision:
         "target": task.target,
         "run_s": run_s,
         "env_steps": log["env_steps"],
+        "steps_per_s": steps_per_s(log["curve"]),
         "payload_bytes": log["payload_bytes"],
         "inference_throughput": log["inference_throughput"],
         # actor seconds per 1000 env steps of the whole run (each actor ran about 1/len(actors) of them)
@@ -244,6 +260,15 @@ def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision:
         "learner_share": {f: v / max(learner["wall_s"], 1e-9) for f, v in learner["seconds"].items()},
         "curve": [[p["env_steps"], p["wall_s"], p["return"]] for p in log["curve"]],
     }  # fmt: skip
+
+
+def steps_per_s(curve: list[dict[str, Any]]) -> float | None:
+    """End-to-end env steps per wall second up to the last finished episode (a resumed run's curve
+    times continue from its checkpoint, so this spans both parts): the speed figure of a run whose
+    target is out of reach."""
+    if not curve or curve[-1]["wall_s"] <= 0:
+        return None
+    return float(curve[-1]["env_steps"] / curve[-1]["wall_s"])
 
 
 def within_spread(a: list[float], b: list[float]) -> bool | None:
@@ -262,6 +287,7 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
         for period in task.update_periods:
             base_t: float | None = None
             base_e: float | None = None
+            base_sps: float | None = None
             base_finals: list[float] = []
             for precision in task.precisions:
                 rs = [r for r in runs if (r["task"], r["update_period"], r["precision"])
@@ -271,8 +297,10 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
                 mean_t = statistics.fmean(times) if times else None
                 joules = [r["energy_to_target_j"] for r in rs if r.get("energy_to_target_j") is not None]
                 mean_e = statistics.fmean(joules) if joules else None
+                speeds = [r["steps_per_s"] for r in rs if r.get("steps_per_s")]
+                mean_sps = statistics.fmean(speeds) if speeds else None
                 if precision == "fp32":
-                    base_t, base_e, base_finals = mean_t, mean_e, finals
+                    base_t, base_e, base_finals, base_sps = mean_t, mean_e, finals, mean_sps
                 ratios = [r["inference_throughput"]["ratio_vs_fp32"].get(f"{precision}/fp32") for r in rs]
                 ratios = [x for x in ratios if x is not None]
                 rows.append({
@@ -283,6 +311,8 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
                     "within_fp32_spread": None if precision == "fp32" else within_spread(finals, base_finals),
                     "time_to_target_s": mean_t, "reached": f"{len(times)}/{len(rs)}", "target": task.target,
                     "speedup_vs_fp32": base_t / mean_t if base_t and mean_t else None,
+                    "steps_per_s": mean_sps,
+                    "steps_per_s_vs_fp32": mean_sps / base_sps if mean_sps and base_sps else None,
                     "energy_to_target_j": mean_e,
                     "energy_ratio_fp32": base_e / mean_e if base_e and mean_e else None,
                     "energy_source": ",".join(sorted({r["energy"]["source"] for r in rs if r.get("energy")})),
@@ -304,6 +334,8 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
          verdict[r["within_fp32_spread"]] if r["precision"] != "fp32" else "ref",
          f(r["time_to_target_s"]), r["reached"],
          f(r["speedup_vs_fp32"], ".2f") + "x" if r["speedup_vs_fp32"] else "—",
+         f(r.get("steps_per_s"), ".0f"),
+         f(r.get("steps_per_s_vs_fp32"), ".2f") + "x" if r.get("steps_per_s_vs_fp32") else "—",
          f(r["inference_vs_fp32"], ".2f") + "x",
          f(r.get("energy_to_target_j"), ".0f"),
          f(r["energy_ratio_fp32"], ".2f") + "x" if r.get("energy_ratio_fp32") else "—"]
