@@ -29,6 +29,7 @@ from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar
 
 if TYPE_CHECKING:
     from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.gate import GateConfig
 
 MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
 
@@ -265,13 +266,18 @@ def gate(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input."""
+    """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
+    A fleet report (`bench --device a,b`): every device's models, each failure naming its device."""
+    from quarl_edge.bench.fleet_report import is_fleet_report
     from quarl_edge.bench.report import read_report
     from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
                      max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
+    if is_fleet_report(report):
+        _gate_fleet(report, cfg, junit, markdown, as_json)
+        return
     data = read_report(report)
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
@@ -285,6 +291,30 @@ def gate(
     if failed:
         raise typer.Exit(1)
     info("every quantized model is within the thresholds", label="PASS", style="bold green")
+
+
+def _gate_fleet(
+    path: Path, cfg: GateConfig, junit: Path | None, markdown: Path | None, as_json: bool
+) -> None:
+    from quarl_edge.bench.fleet_report import read_fleet_report
+    from quarl_edge.gate import evaluate_fleet, fleet_check_rows, fleet_failures, write_fleet_outputs
+
+    fleet = read_fleet_report(path)
+    verdicts = evaluate_fleet(fleet, cfg)
+    write_fleet_outputs(fleet, verdicts, junit, markdown, reads=[("report", path)])
+    failures = fleet_failures(verdicts)
+    if as_json:
+        print_json({"passed": not failures, "devices": {v.device: {"passed": v.passed, "error": v.error,
+                    "checks": [c.__dict__ for c in v.checks]} for v in verdicts}})  # fmt: skip
+    else:
+        columns = ["device", "model", "check", "value", "limit", "result"]
+        table(f"gate {path}", columns, fleet_check_rows(verdicts))
+    for message in failures:
+        info(message, label="FAIL", style="bold red")
+    if failures:
+        raise typer.Exit(1)
+    info(f"every quantized model is within the thresholds on every device ({', '.join(fleet['devices'])})",
+         label="PASS", style="bold green")  # fmt: skip
 
 
 def demo(
