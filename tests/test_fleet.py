@@ -291,8 +291,12 @@ def test_an_emulated_device_is_labelled_and_never_the_fastest_over_a_real_one(
     cells = table_rows(report)
     assert [c[1] for c in cells] == ["local", "local2 (emulated)"] * 2
     assert EMULATED_NOTE in fleet_markdown(report)
+    report["reports"]["local"]["device"]["emulated"] = True  # no real device: the fastest emulated one
+    assert [r.device for r in comparison(report["devices"], report["reports"]) if r.fastest] == ["local2"] * 2
     report["devices"], report["reports"] = ["local2"], {"local2": report["reports"]["local2"]}
-    assert all(r.fastest for r in comparison(report["devices"], report["reports"]))  # no real device ran it
+    assert not any(
+        r.fastest for r in comparison(report["devices"], report["reports"])
+    )  # one is no comparison
 
 
 def test_ctrl_c_keeps_each_devices_finished_work_and_resume_finishes(

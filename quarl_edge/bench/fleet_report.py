@@ -56,7 +56,8 @@ class ComparisonRow:
     drift_abs: float | None
     agreement: float | None
     fastest: bool
-    """the lowest p50 for this model across the fleet (emulated devices only when no real one ran it)"""
+    """the lowest p50 for this model across the fleet (emulated devices only when no real one ran it;
+    never when only one device has the model)"""
 
 
 def _num(block: Any, key: str) -> float | None:
@@ -89,7 +90,8 @@ def comparison(devices: list[str], sections: dict[str, dict[str, Any]]) -> list[
             ))  # fmt: skip
         timed = [r for r in group if r.p50_us is not None]
         real = [r for r in timed if not r.emulated]
-        best = min(real or timed, key=lambda r: r.p50_us or 0.0, default=None)
+        # one device alone (the others failed) is no comparison: nothing is marked
+        best = min(real or timed, key=lambda r: r.p50_us or 0.0) if len(timed) > 1 else None
         rows += [ComparisonRow(**{**asdict(r), "fastest": r is best}) for r in group]
     return rows
 
@@ -142,11 +144,16 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def title(report: dict[str, Any]) -> str:
+    return (
+        f"{report['bundle']['policy']} on a fleet of {len(report['devices'])}: {', '.join(report['devices'])}"
+    )
+
+
+def same_seeds_line(report: dict[str, Any]) -> str:
     s = report["settings"]
     seeds = s.get("seeds") or []
-    first = f", seeds {seeds[0]}..{seeds[-1]}" if seeds else ""
-    return (f"{report['bundle']['policy']} on a fleet of {len(report['devices'])} ({', '.join(report['devices'])}): "
-            f"{s['episodes']} paired episodes per model on every device{first}")  # fmt: skip
+    first = f" (seeds {seeds[0]}..{seeds[-1]})" if seeds else ""
+    return f"same seeds on every device: {s['episodes']} paired episodes per model{first}"
 
 
 def failed_lines(report: dict[str, Any]) -> list[str]:
@@ -163,14 +170,16 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     device's warnings and harness line), the title, and the lines after (the emulated note, each device's
     facts, the files written). Plain text: names and warnings come from the bundle and the devices."""
     before: list[tuple[str, str]] = []
-    after = [EMULATED_NOTE] if has_emulated(report) else []
+    after = [same_seeds_line(report)] + ([EMULATED_NOTE] if has_emulated(report) else [])
     for dev, section in report["reports"].items():
         before += [("warning:", f"{dev}: {m['name']}: {w}") for m in section["models"] for w in m["warnings"]]
         if harness_line(section):
             before.append(("", f"{dev} {harness_line(section)}"))
         if section["device"].get("machine"):
             after.append(f"{dev}: {facts_text(section['device'])}")
-    if out is not None:
+    if out is not None and report["failed"]:
+        after.append(f"report: {out} and {out.with_suffix('.md')} (a section per finished device)")
+    elif out is not None:
         after.append(f"report: {out} and {out.with_suffix('.md')} (a section per device); "
                      f"next: quarl-edge gate {out} --max-reward-drop 2%")  # fmt: skip
     return before, title(report), after
@@ -185,7 +194,8 @@ def fleet_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"{MARKDOWN_TITLE} {md_cell(b['policy'])} ({md_cell(b['algo'])}, {md_cell(b['env'])})",
         "",
-        f"{md_cell(title(report))}; reference **{md_cell(report['reference'])}** on each device.",
+        f"{md_cell(title(report))}; {md_cell(same_seeds_line(report))}; reference **{md_cell(report['reference'])}** "
+        "on each device.",
         "",
         "## Comparison",
         "",
