@@ -174,12 +174,7 @@ def test_gate_fails_a_fleet_report_whose_device_did_not_finish(
 ) -> None:
     def drop_local2(d: dict[str, Any]) -> None:
         del d["reports"]["local2"]
-        d["failed"]["local2"] = {
-            "stage": "bench",
-            "error": "SSH link to local2 dropped",
-            "fix": None,
-            "partial": None,
-        }
+        d["failed"]["local2"] = {"error": "SSH link to local2 dropped", "fix": None, "partial": None}
         d["complete"] = False
 
     incomplete = _edited(out := fleet[0], tmp_path, drop_local2)

@@ -114,7 +114,7 @@ def test_a_link_cut_mid_fleet_keeps_the_others_and_resume_finishes_the_board(
     report = json.loads(out.read_text())  # written: the finished device's section, the failed one named
     assert report["complete"] is False and list(report["reports"]) == ["local"]
     failed = report["failed"][DEV]
-    assert failed["stage"] == "bench" and failed["partial"] == str(partial_file(out, DEV))
+    assert failed["partial"] == str(partial_file(out, DEV))
     assert "missing: onnx-int8 (" in failed["error"]
     local = report["reports"]["local"]
     assert all(m["reward"]["episodes"] == EPISODES for m in local["models"])

@@ -305,7 +305,6 @@ def _preflight_error(m: _Member) -> BaseException:
 def _failure(m: _Member) -> dict[str, Any]:
     e = m.error
     return {
-        "stage": m.stage,
         "error": e.problem if isinstance(e, QuarlError) else f"{type(e).__name__}: {e}",
         "fix": e.fix if isinstance(e, QuarlError) else None,
         "partial": str(m.partial) if m.partial is not None and m.partial.is_file() else None,

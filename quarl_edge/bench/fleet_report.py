@@ -104,7 +104,7 @@ def fastest(rows: list[ComparisonRow]) -> dict[str, str]:
 def fleet_report(devices: list[str], sections: dict[str, dict[str, Any]], failed: dict[str, dict[str, Any]],
                  bundle: dict[str, Any], settings: dict[str, Any], reference: str) -> dict[str, Any]:  # fmt: skip
     """The fleet report (JSON-able): ``sections`` the finished devices' own reports, ``failed`` per device
-    that did not finish: the stage it stopped in, the error and the partial file keeping its results."""
+    that did not finish: its error and the partial file keeping its results."""
     rows = comparison(devices, sections)
     return {
         "format": FLEET_FORMAT,
@@ -157,11 +157,11 @@ def same_seeds_line(report: dict[str, Any]) -> str:
 
 
 def failed_lines(report: dict[str, Any]) -> list[str]:
-    """One line per device that did not finish: its stage, error and what was kept."""
+    """One line per device that did not finish: its error and what was kept."""
     out = []
     for dev, f in report["failed"].items():
         kept = f"; its finished work is kept in {f['partial']}" if f.get("partial") else ""
-        out.append(f"{dev} did not finish ({f.get('stage')}): {f.get('error')}{kept}")
+        out.append(f"{dev} did not finish: {f.get('error')}{kept}")
     return out
 
 
