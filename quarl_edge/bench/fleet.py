@@ -194,11 +194,7 @@ def bench_fleet(
         raise _preflight_error(failed_first)
     sections = {m.profile.name: m.report for m in members if m.report is not None}
     failed = {m.profile.name: _failure(m) for m in members if m.report is None}
-    settings = {"episodes": req.cfg.episodes, "seeds": req.cfg.seeds, "models": names,
-                "threads": {m.profile.name: m.cfg.threads for m in members},
-                "latency_samples": req.cfg.latency_samples, "warmup": req.cfg.warmup, "max_steps": req.cfg.max_steps,
-                "hz": req.cfg.hz, "duration_s": req.cfg.duration_s, "env_on_host": req.cfg.env_on_host,
-                "trace": None if req.cfg.trace is None else str(req.cfg.trace)}  # fmt: skip
+    settings = _settings(req.cfg, names, members)
     report = fleet_report(
         list(req.devices), sections, failed, bundle_info(req.bundle, manifest), settings, ref.name
     )
@@ -211,6 +207,14 @@ def bench_fleet(
         raise bug
     errors = {m.profile.name: m.error for m in members if isinstance(m.error, QuarlError)}
     return FleetResult(report, errors)
+
+
+def _settings(cfg: BenchConfig, names: list[str], members: list[_Member]) -> dict[str, Any]:
+    """The fleet report's ``settings``: what every device shared, and each one's threads."""
+    return {"episodes": cfg.episodes, "seeds": cfg.seeds, "models": names,
+            "threads": {m.profile.name: m.cfg.threads for m in members}, "latency_samples": cfg.latency_samples,
+            "warmup": cfg.warmup, "max_steps": cfg.max_steps, "hz": cfg.hz, "duration_s": cfg.duration_s,
+            "env_on_host": cfg.env_on_host, "trace": None if cfg.trace is None else str(cfg.trace)}  # fmt: skip
 
 
 def _member(req: FleetRequest, profile: DeviceProfile) -> _Member:
