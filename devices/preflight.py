@@ -8,11 +8,13 @@ with the host's advice (`pip install 'quarl-edge[atari]'`), which is wrong for t
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import MissingDependencyError
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
 from quarl_edge.runtimes.spec import EnvConfig
@@ -106,3 +108,22 @@ def check_env(env: EnvConfig, facts: dict[str, Any], device: str) -> None:
             f"{env.id!r} needs {', '.join(missing)} on {device} for closed-loop episodes; nothing was measured",
             f"install it there: {setup_command(device, packages_for(missing))}",
         )
+
+
+# what installs a runtime on this machine (the host), per model format
+HOST_RUNTIME_INSTALL = {"onnx": "pip install onnxruntime", "tflite": "pip install 'quarl-edge[tflite]'"}
+
+
+def check_host_ready(manifest: Manifest, models: Sequence[str], episodes: int, device: str = "local") -> None:
+    """The pre-flight of the device that is this machine (a fleet's ``local``): a runtime importable here
+    for each model's format and, for closed-loop episodes, the env made once, so a missing package stops
+    a fleet before any board measures (with the host's install command, not a board's)."""
+    for name in models:
+        fmt = manifest.model(name).format
+        if not any(importlib.util.find_spec(r) for r in FORMAT_RUNTIMES.get(fmt, ())):
+            raise MissingDependencyError(
+                f"{device} has no runtime for {fmt} (model {name!r}); nothing was measured",
+                f"install it here: {HOST_RUNTIME_INSTALL.get(fmt, 'see docs/usage.md')}",
+            )
+    if episodes > 0:
+        make_env(manifest.policy.env).close()

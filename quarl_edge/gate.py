@@ -3,6 +3,10 @@
 Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input:
 a report with nothing to check (only the fp32 reference), a model without a name or with a name
 used twice, a reference that is not fp32, a threshold that is not a finite number.
+
+A fleet report (`bench --device a,b`) is gated device by device (evaluate_fleet): each device's section
+as one report, a device whose bench did not finish as a failure; the table, the JUnit file (a testsuite
+per device) and the Markdown name the device of every check.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,12 +238,113 @@ def write_outputs(
 ) -> None:
     """Write the JUnit file and the Markdown summary; both targets are checked (outputs.claim) before
     either is written, and neither may be one of ``reads`` (the report)."""
+    _write(junit, md, lambda: junit_xml(report, checks), lambda: markdown_summary(report, checks), reads)
+
+
+def _write(junit: Path | None, md: Path | None, junit_text: Callable[[], str], md_text: Callable[[], str],
+           reads: Iterable[tuple[str, Path | None]]) -> None:  # fmt: skip
     reads = list(reads)
     if junit:
         claim(junit, JUNIT, reads, flag="--junit")
     if md:
         claim(md, MARKDOWN, reads, flag="--markdown")
     if junit:
-        atomic_write_text(junit, junit_xml(report, checks))
+        atomic_write_text(junit, junit_text())
     if md:
-        atomic_write_text(md, markdown_summary(report, checks))
+        atomic_write_text(md, md_text())
+
+
+# -- a fleet report (`bench --device a,b`): every device's section gated, each named ------------------
+
+
+@dataclass(frozen=True)
+class DeviceVerdict:
+    device: str
+    checks: list[Check]
+    error: str | None = None
+    """the bench did not finish on this device (the fleet report's ``failed``): nothing there can pass"""
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(c.passed for c in self.checks)
+
+
+def evaluate_fleet(fleet: dict[str, Any], cfg: GateConfig) -> list[DeviceVerdict]:
+    """Every device's section through :func:`evaluate`; a device that did not finish fails; a section
+    the gate cannot judge is an InputError naming its device."""
+    out = []
+    for dev in fleet["devices"]:
+        section = fleet["reports"].get(dev)
+        if section is None:
+            out.append(DeviceVerdict(dev, [], str(fleet["failed"][dev].get("error"))))
+            continue
+        try:
+            out.append(DeviceVerdict(dev, evaluate(section, cfg)))
+        except InputError as e:
+            raise InputError(f"device {dev!r}: {e.problem}", e.fix) from None
+    return out
+
+
+def fleet_check_rows(verdicts: list[DeviceVerdict]) -> list[list[str]]:
+    """The fleet gate's table: device, model, check, value, limit, result."""
+    rows = []
+    for v in verdicts:
+        if v.error is not None:
+            rows.append([v.device, "-", "bench finished", "-", "-", "FAIL"])
+        rows += [[v.device, *r] for r in check_rows(v.checks)]
+    return rows
+
+
+def fleet_failures(verdicts: list[DeviceVerdict]) -> list[str]:
+    """One message per failure, each naming its device."""
+    out = []
+    for v in verdicts:
+        if v.error is not None:
+            out.append(f"{v.device}: the bench did not finish there ({v.error})")
+        out += [f"{v.device}: {c.message}" for c in v.checks if not c.passed]
+    return out
+
+
+def fleet_junit_xml(fleet: dict[str, Any], verdicts: list[DeviceVerdict]) -> str:
+    """One testsuite per device (named for it), one testcase per model and check as for one report; a
+    device that did not finish has one failed testcase, ``bench``."""
+    policy = fleet["bundle"].get("policy", "")
+    counts = [(len(v.checks) + (v.error is not None), sum(not c.passed for c in v.checks) + (v.error is not None))
+              for v in verdicts]  # fmt: skip
+    root = ET.Element("testsuites", {"tests": str(sum(t for t, _ in counts)),
+                                     "failures": str(sum(f for _, f in counts)), "errors": "0"})  # fmt: skip
+    for v, (tests, failures) in zip(verdicts, counts, strict=True):
+        suite = ET.SubElement(root, "testsuite", {"name": clean(f"{SUITE} {policy} on {v.device}"),
+                                                  "tests": str(tests), "failures": str(failures), "errors": "0"})  # fmt: skip
+        if v.error is not None:
+            case = ET.SubElement(suite, "testcase", {"name": "bench", "classname": clean(v.device)})
+            message = clean(f"{v.device}: the bench did not finish there ({v.error})")
+            ET.SubElement(case, "failure", {"message": message, "type": "incomplete"}).text = message
+        for c in v.checks:
+            case = ET.SubElement(suite, "testcase", {"name": clean(c.name), "classname": clean(c.model)})
+            if not c.passed:
+                message = clean(f"{v.device}: {c.message}")
+                ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = message
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def fleet_markdown_summary(fleet: dict[str, Any], verdicts: list[DeviceVerdict]) -> str:
+    ok = all(v.passed for v in verdicts)
+    devices = ", ".join(md_cell(v.device) for v in verdicts)
+    lines = [
+        f"{MARKDOWN_TITLE} {'PASS' if ok else 'FAIL'} ({md_cell(fleet['bundle'].get('policy', ''))} on {devices})",
+        "",
+        "| device | model | check | value | limit | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in fleet_check_rows(verdicts):
+        cells = [md_cell(c) for c in row[:-1]] + ["pass" if row[-1] == "pass" else "**FAIL**"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_fleet_outputs(fleet: dict[str, Any], verdicts: list[DeviceVerdict], junit: Path | None, md: Path | None,
+                        reads: Iterable[tuple[str, Path | None]] = ()) -> None:  # fmt: skip
+    _write(junit, md, lambda: fleet_junit_xml(fleet, verdicts), lambda: fleet_markdown_summary(fleet, verdicts),
+           reads)  # fmt: skip

@@ -31,9 +31,16 @@ def transport_for(profile: DeviceProfile) -> Transport:
     return SSHTransport(profile)  # type: ignore[return-value]
 
 
+def device_stub(profile: DeviceProfile) -> dict[str, Any]:
+    """The report's ``device`` before the device adds its own facts (bench.run.bench merges them in)."""
+    return {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
+
+
 def model_count(bundle: Path, cfg: BenchConfig) -> int:
-    """How many models the bench will run (for a progress bar)."""
-    return len(cfg.models or load_manifest(bundle, verify=False).models)  # bench() verifies the hashes
+    """How many models the bench will run (for a progress bar): --models and the fp32 reference."""
+    manifest = load_manifest(bundle, verify=False)  # bench() verifies the hashes
+    ref = manifest.reference()
+    return len(set(cfg.models) | {ref.name} if cfg.models and ref else manifest.models)
 
 
 def check_out(out: Path | None, resume: bool, bundle: Path | None = None, trace: Path | None = None) -> None:
@@ -94,9 +101,8 @@ def bench_on_device(
     if partial is not None and partial.is_file() and not resume:
         log(f"starting over: {partial} (from an interrupted bench) is replaced; --resume would continue it")
     transport = transport_for(profile)
-    device_info = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
     try:
-        report = bench(bundle, cfg, device=device_info, transport=transport, progress=progress,
+        report = bench(bundle, cfg, device=device_stub(profile), transport=transport, progress=progress,
                        partial=partial, resume=resume)  # fmt: skip
     except KeyboardInterrupt:
         if partial is not None and partial.is_file():

@@ -248,28 +248,32 @@ def read_report(path: str | Path) -> dict[str, Any]:
             f"report {str(path)!r} does not exist", "write one with `quarl-edge bench --out FILE.json`"
         )
     report = read_artifact(path, REPORT_FORMAT, REPORT_VERSION, "bench report", "re-run `quarl-edge bench`")
+    check_report(report, f"report {str(path)!r}")
+    return report
+
+
+def check_report(report: dict[str, Any], where: str) -> None:
+    """The fields the gate and the tables read, each of the right type; ``where`` names the report in
+    errors (a file, or a device's section of a fleet report)."""
+    fix = "re-run `quarl-edge bench`"
     for key in ("reference", "models", "bundle", "device", "settings"):
         if key not in report:
-            raise InputError(f"report {str(path)!r} lacks the field {key!r}", "re-run `quarl-edge bench`")
+            raise InputError(f"{where} lacks the field {key!r}", fix)
     if not isinstance(report["models"], list) or not report["models"]:
-        raise InputError(f"report {str(path)!r} has no models", "re-run `quarl-edge bench`")
+        raise InputError(f"{where} has no models", fix)
     for i, m in enumerate(report["models"]):
         missing = [k for k in _REQUIRED_MODEL_FIELDS if not isinstance(m, dict) or k not in m]
         if missing:
             name = m.get("name", f"#{i}") if isinstance(m, dict) else f"#{i}"
-            raise InputError(
-                f"report {str(path)!r}: model {name} lacks the field {missing[0]!r}",
-                "re-run `quarl-edge bench`",
-            )
+            raise InputError(f"{where}: model {name} lacks the field {missing[0]!r}", fix)
     for key in ("bundle", "device", "settings"):
-        schema.obj(report[key], f"report {str(path)!r} {key}", "re-run `quarl-edge bench`")
+        schema.obj(report[key], f"{where} {key}", fix)
     if report.get("harness") is not None:
-        schema.obj(report["harness"], f"report {str(path)!r} harness", "re-run `quarl-edge bench`")
+        schema.obj(report["harness"], f"{where} harness", fix)
     for m in report["models"]:
-        _check_model(m, f"report {str(path)!r}")
+        _check_model(m, where)
     if report["reference"] not in [m["name"] for m in report["models"]]:
-        raise InputError(f"report {str(path)!r}: reference model is missing", "re-run `quarl-edge bench`")
-    return report
+        raise InputError(f"{where}: reference model is missing", fix)
 
 
 # the numbers the gate and the tables read, per model: (block, field); the block may be null

@@ -29,7 +29,7 @@ from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.loop import check_hz, in_loop_stats
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
 from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import mean_ci95, mean_std
@@ -186,11 +186,41 @@ def _in_loop(run: dict[str, Any], hz: float | None) -> dict[str, Any] | None:
     return stats.to_dict() if stats else None
 
 
-def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[str, Any]) -> dict[str, Any]:
+def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntry]:
+    """The verified manifest, the models a bench of it runs (``cfg.models`` and the fp32 reference, in
+    the bundle's order) and that reference; every mistake in the request is an InputError here, before
+    any runner starts."""
+    manifest = load_manifest(bundle)
+    if cfg.trace is not None:  # a trace of another env is the user's mistake
+        check_fits(load_trace(cfg.trace), manifest.policy, cfg.trace)
+    ref = manifest.reference()
+    if ref is None:
+        raise InputError("the bundle has no fp32 model to compare against", "export with --to onnx-fp32,...")
+    names = [m.name for m in manifest.models]
+    if cfg.models:
+        unknown = [n for n in cfg.models if n not in names]
+        if unknown:
+            raise InputError(
+                f"bundle has no model {unknown[0]!r}", f"models in this bundle: {', '.join(names)}"
+            )
+        names = [n for n in names if n in cfg.models or n == ref.name]
+    return manifest, names, ref
+
+
+def board_preflight(
+    manifest: Manifest, cfg: BenchConfig, names: list[str], where: str
+) -> Callable[[dict[str, Any], int], None]:
+    """The check a transport's ``prepare`` runs once it knows the board's facts, before any upload:
+    raises (one line naming ``where`` and the fix) when the board cannot run this bench."""
+    on_board = 0 if cfg.env_on_host else len(cfg.seeds)  # episodes whose env runs there
+    return lambda facts, nbytes: check_ready(manifest, facts, where, names, on_board, nbytes)
+
+
+def partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: str) -> dict[str, Any]:
     """What a resumed bench must share with the interrupted one."""
     return {
         "bundle_manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
-        "device": device.get("name", "local"),
+        "device": device,
         "models": names,
         "seeds": cfg.seeds,
         "threads": cfg.threads,
@@ -201,6 +231,17 @@ def _partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: dict[
         "env_on_host": cfg.env_on_host,
         "hz": cfg.hz,
         "duration_s": cfg.duration_s,
+    }
+
+
+def bundle_info(bundle: Path, manifest: Manifest) -> dict[str, Any]:
+    """The report's ``bundle``: where it was, its manifest's sha256, and the policy it holds."""
+    return {
+        "path": str(bundle),
+        "manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
+        "policy": manifest.policy.name,
+        "env": manifest.policy.env.id,
+        "algo": manifest.policy.algo,
     }
 
 
@@ -222,24 +263,11 @@ def bench(
     missing.
     """
     bundle = Path(bundle)
-    manifest = load_manifest(bundle)
-    if cfg.trace is not None:  # before any runner starts: a trace of another env is the user's mistake
-        check_fits(load_trace(cfg.trace), manifest.policy, cfg.trace)
-    ref = manifest.reference()
-    if ref is None:
-        raise InputError("the bundle has no fp32 model to compare against", "export with --to onnx-fp32,...")
-    names = [m.name for m in manifest.models]
-    if cfg.models:
-        unknown = [n for n in cfg.models if n not in names]
-        if unknown:
-            raise InputError(
-                f"bundle has no model {unknown[0]!r}", f"models in this bundle: {', '.join(names)}"
-            )
-        names = [n for n in names if n in cfg.models or n == ref.name]
+    manifest, names, ref = plan(bundle, cfg)
     if resume and partial is None:
         raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
     device = dict(device or {"name": "local", "emulated": False})
-    key = _partial_key(bundle, cfg, names, device)
+    key = partial_key(bundle, cfg, names, str(device.get("name", "local")))
     if partial is not None and resume:
         state = PartialBench.resume(partial, key, names, cfg.seeds)
     else:
@@ -249,10 +277,11 @@ def bench(
     try:
         prepare = getattr(transport, "prepare", None)
         if prepare is not None:  # a board: checked for what this bench needs before any upload
-            where = str(device.get("name") or "the device")
-            on_board = 0 if cfg.env_on_host else len(cfg.seeds)  # episodes whose env runs there
-            prepare(bundle, cfg.trace, preflight=lambda facts, nbytes: check_ready(
-                manifest, facts, where, names, on_board, nbytes))  # fmt: skip
+            prepare(
+                bundle,
+                cfg.trace,
+                preflight=board_preflight(manifest, cfg, names, str(device.get("name") or "the device")),
+            )
         if cfg.env_on_host and cfg.seeds:
             make_env(manifest.policy.env).close()  # the env runs here: a missing package stops it now
         device.update(getattr(transport, "device_facts", None) or {})
@@ -304,13 +333,7 @@ def bench(
         "schema_version": REPORT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "tool_version": __version__,
-        "bundle": {
-            "path": str(bundle),
-            "manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
-            "policy": manifest.policy.name,
-            "env": manifest.policy.env.id,
-            "algo": manifest.policy.algo,
-        },
+        "bundle": bundle_info(bundle, manifest),
         "device": device,
         "settings": {
             "episodes": cfg.episodes,

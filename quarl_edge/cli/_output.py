@@ -59,6 +59,16 @@ def progress_bar(label: str, total: int) -> Iterator[Callable[[str], None]]:
         yield lambda description: bar.update(task, advance=1, description=markup_safe(description))
 
 
+@contextmanager
+def progress_bars(totals: dict[str, int]) -> Iterator[Callable[[str, str], None]]:
+    """One rich progress bar per key (a fleet's devices) on stderr, gone when done; yields
+    ``advance(key, description)``, safe to call from several threads."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        tasks = {key: bar.add_task(markup_safe(key), total=total) for key, total in totals.items()}
+        yield lambda key, description: bar.update(tasks[key], advance=1, description=markup_safe(description))
+
+
 def info(msg: str, label: str = "", style: str = "bold") -> None:
     """One log line on stderr: ``msg`` shown literally, after ``label`` in ``style`` when given."""
     line = Text.assemble((label, style), " ", clean(msg)) if label else Text(clean(msg))

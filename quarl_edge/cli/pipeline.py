@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,7 +25,11 @@ from quarl_edge.cli._options import (
     out_option,
     overrides,
 )
-from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, table
+from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, progress_bars, table
+
+if TYPE_CHECKING:
+    from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.gate import GateConfig
 
 MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
 
@@ -169,7 +173,7 @@ def export(
 
 def bench(
     bundle: Annotated[Path, typer.Option("--bundle", help="bundle folder")],
-    device: Annotated[str, typer.Option("--device", help="device profile name")] = "local",
+    device: Annotated[str, typer.Option("--device", help="device profile name; a comma list (local,rpi4) benches a fleet at once into one report")] = "local",
     episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
     threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
@@ -198,6 +202,12 @@ def bench(
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
                       max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
                       duration_s=None if duration is None else parse_duration(duration), env_on_host=env_on_host)  # fmt: skip
+    if "," in device:  # a fleet: every device at once, one report (bench/fleet.py)
+        flags = overrides(host, user, port, identity)
+        _bench_fleet(
+            bundle, cfg, device, flags, out, resume, threads_given=threads is not None, as_json=as_json
+        )
+        return
     with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
 
         def on_event(ev: dict[str, Any]) -> None:
@@ -217,6 +227,35 @@ def bench(
         info(line)
 
 
+def _bench_fleet(bundle: Path, cfg: BenchConfig, devices: str, flags: dict[str, Any], out: Path | None, resume: bool,
+                 threads_given: bool, as_json: bool) -> None:  # fmt: skip
+    from quarl_edge.bench.device import model_count
+    from quarl_edge.bench.fleet import FleetRequest, bench_fleet, parse_devices
+    from quarl_edge.bench.fleet_report import COLUMNS, print_lines, rows
+
+    req = FleetRequest(bundle, parse_devices(devices), cfg, threads_given, out, resume)
+    per_device = model_count(bundle, cfg) * (cfg.episodes + 1)
+    with progress_bars(dict.fromkeys(req.devices, per_device)) as advance:
+
+        def on_event(dev: str, ev: dict[str, Any]) -> None:
+            if ev.get("event") in ("episode", "latency"):
+                advance(dev, f"{dev} {ev.get('model', '')}")
+
+        result = bench_fleet(req, flags, progress=on_event, log=info)
+    before, title, after = print_lines(result.report, out)
+    for label, line in before:
+        info(line, label=label, style="yellow")
+    if as_json:
+        print_json(result.report)
+    else:
+        table(title, COLUMNS, rows(result.report))
+        for line in after:
+            info(line)
+    error = result.error(out)
+    if error is not None:
+        raise error
+
+
 def gate(
     report: Annotated[Path, typer.Argument(help="bench report .json")],
     max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
@@ -227,13 +266,18 @@ def gate(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input."""
+    """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
+    A fleet report (`bench --device a,b`): every device's models, each failure naming its device."""
+    from quarl_edge.bench.fleet_report import is_fleet_report
     from quarl_edge.bench.report import read_report
     from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
                      max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
+    if is_fleet_report(report):
+        _gate_fleet(report, cfg, junit, markdown, as_json)
+        return
     data = read_report(report)
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
@@ -247,6 +291,30 @@ def gate(
     if failed:
         raise typer.Exit(1)
     info("every quantized model is within the thresholds", label="PASS", style="bold green")
+
+
+def _gate_fleet(
+    path: Path, cfg: GateConfig, junit: Path | None, markdown: Path | None, as_json: bool
+) -> None:
+    from quarl_edge.bench.fleet_report import read_fleet_report
+    from quarl_edge.gate import evaluate_fleet, fleet_check_rows, fleet_failures, write_fleet_outputs
+
+    fleet = read_fleet_report(path)
+    verdicts = evaluate_fleet(fleet, cfg)
+    write_fleet_outputs(fleet, verdicts, junit, markdown, reads=[("report", path)])
+    failures = fleet_failures(verdicts)
+    if as_json:
+        print_json({"passed": not failures, "devices": {v.device: {"passed": v.passed, "error": v.error,
+                    "checks": [c.__dict__ for c in v.checks]} for v in verdicts}})  # fmt: skip
+    else:
+        columns = ["device", "model", "check", "value", "limit", "result"]
+        table(f"gate {path}", columns, fleet_check_rows(verdicts))
+    for message in failures:
+        info(message, label="FAIL", style="bold red")
+    if failures:
+        raise typer.Exit(1)
+    info(f"every quantized model is within the thresholds on every device ({', '.join(fleet['devices'])})",
+         label="PASS", style="bold green")  # fmt: skip
 
 
 def demo(
