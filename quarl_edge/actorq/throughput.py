@@ -67,15 +67,20 @@ def actor_throughput(
 ) -> dict[str, Any]:
     """Time fp32, int8 and the run's ``precision`` of the final weights on the run's ``runtime`` inside
     one live Ray actor."""
+    variants = {p: (p, runtime) for p in dict.fromkeys(("fp32", "int8", precision))}
+    return {"runtime": runtime, **_in_actor(handle, variants, state_dict, calib_obs, squash)}
+
+
+def _in_actor(handle: Any, variants: dict[str, tuple[str, str]], state_dict: dict[str, Any],
+              calib_obs: np.ndarray | None, squash: Any) -> dict[str, Any]:  # fmt: skip
+    """Each labelled (precision, runtime) payload of the weights, timed side by side in a live Ray actor."""
     import ray
 
     from quarl_edge.actorq.broadcast import quantize_broadcast
 
-    precisions = dict.fromkeys(("fp32", "int8", precision))
-    boxes = {
-        p: [ray.put(quantize_broadcast(state_dict, p, calib_obs, -1, squash, runtime))] for p in precisions
-    }
-    return {"runtime": runtime, **ray.get(handle.benchmark.remote(boxes))}
+    boxes = {label: [ray.put(quantize_broadcast(state_dict, p, calib_obs, -1, squash, r))]
+             for label, (p, r) in variants.items()}  # fmt: skip
+    return ray.get(handle.benchmark.remote(boxes))
 
 
 def choose_runtime(
@@ -87,18 +92,13 @@ def choose_runtime(
 ) -> dict[str, Any]:
     """``--actor-runtime auto``: the payload at ``precision`` on every installed runtime, timed side by side
     inside one live Ray actor; the fastest is ``chosen``."""
-    import ray
-
-    from quarl_edge.actorq.broadcast import quantize_broadcast
     from quarl_edge.actorq.sessions import available_runtimes
 
     runtimes = available_runtimes()
     if len(runtimes) == 1:
         return {"chosen": runtimes[0], "calls_per_s": {}, "why": "the only actor runtime installed"}
-    boxes = {
-        r: [ray.put(quantize_broadcast(state_dict, precision, calib_obs, -1, squash, r))] for r in runtimes
-    }
-    measured = ray.get(handle.benchmark.remote(boxes))["calls_per_s"]
+    variants = {r: (precision, r) for r in runtimes}
+    measured = _in_actor(handle, variants, state_dict, calib_obs, squash)["calls_per_s"]
     chosen = max(measured, key=measured.get)
     return {
         "chosen": chosen,

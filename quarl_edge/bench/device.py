@@ -61,6 +61,16 @@ def check_out(out: Path | None, resume: bool, bundle: Path | None = None, trace:
     claim(partial, PARTIAL, reads, name=f"the partial results file {str(partial)!r} (beside --out)")
 
 
+def unwritable(e: QuarlError | OSError, what: str, kept: str, out: Path) -> InputError:
+    """The one line for a finished bench whose report could not be written (its results are kept)."""
+    why = e.problem if isinstance(e, QuarlError) else f"{e.strerror or e}"
+    return InputError(
+        f"{what} could not be written ({why}); {kept}",
+        f"free --out {str(out)!r} (or fix its folder) and run the same command with --resume: it "
+        "writes the report without measuring again",
+    )
+
+
 def _write(report: dict[str, Any], out: Path, bundle: Path, trace: Path | None) -> None:
     """Write the report, then remove the partial file: never the other way round."""
     partial = partial_path(out)
@@ -68,13 +78,8 @@ def _write(report: dict[str, Any], out: Path, bundle: Path, trace: Path | None) 
         check_out(out, False, bundle, trace)  # again: the bench took a while, the path may have changed
         write_report(report, out)
     except (QuarlError, OSError) as e:
-        why = e.problem if isinstance(e, QuarlError) else f"{e.strerror or e}"
-        raise InputError(
-            f"the bench finished but its report could not be written ({why}); every result is kept in "
-            f"{str(partial)!r}",
-            f"free --out {str(out)!r} (or fix its folder) and run the same command with --resume: it "
-            "writes the report without measuring again",
-        ) from e
+        kept = f"every result is kept in {str(partial)!r}"
+        raise unwritable(e, "the bench finished but its report", kept, out) from e
     partial.unlink(missing_ok=True)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.bench.device import PARTIAL, device_stub, transport_for
+from quarl_edge.bench.device import PARTIAL, device_stub, transport_for, unwritable
 from quarl_edge.bench.fleet_report import FLEET_MARKDOWN, FLEET_REPORT, fleet_report, write_fleet_report
 from quarl_edge.bench.partial import PartialBench
 from quarl_edge.bench.run import BenchConfig, bench, board_preflight, bundle_info, partial_key, plan
@@ -321,13 +321,8 @@ def _write(report: dict[str, Any], out: Path, req: FleetRequest, members: list[_
         check_fleet(replace(req, resume=False))  # again: the bench took a while, the paths may have changed
         write_fleet_report(report, out)
     except (QuarlError, OSError) as e:
-        why = e.problem if isinstance(e, QuarlError) else f"{e.strerror or e}"
-        raise InputError(
-            f"the fleet's report could not be written ({why}); every device's results are kept in its "
-            f"partial file beside it ({partial_file(out, '<device>').name})",
-            f"free --out {str(out)!r} (or fix its folder) and run the same command with --resume: it "
-            "measures nothing again",
-        ) from e
+        kept = f"every device's results are kept in its partial file beside it ({partial_file(out, '<device>').name})"
+        raise unwritable(e, "the fleet's report", kept, out) from e
     if report["complete"]:
         for m in members:
             if m.partial is not None:
