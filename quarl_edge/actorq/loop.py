@@ -371,6 +371,8 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         timer.lap("checkpoint")
         learner_report = timer.report()
         energy = meter.report(cpu_s(), time.perf_counter() - start_wall)
+        if events and events[0]["event"] == "resumed":  # these figures cover the part since the resume
+            energy["since_resume"], energy["joules_before_resume"] = True, joules_before
         calib = calibration()
         weights, squash = learner.policy()
         throughput = actor_throughput(actors[0], weights, args.actor_precision, calib, squash, runtime)
