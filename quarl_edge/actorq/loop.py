@@ -223,7 +223,7 @@ def run(
 
 
 def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnChunk | None, ray: Any,
-         RayActorError: type) -> dict[str, Any]:  # fmt: skip
+         RayActorError: type[BaseException]) -> dict[str, Any]:  # fmt: skip
     from quarl_edge.policy.registry import make
 
     random.seed(args.seed)
