@@ -19,6 +19,15 @@ _ORT_TYPES = {
 }
 
 
+def precise_int8(opts: object) -> None:
+    """Exact int8 products on x86 CPUs without VNNI (AVX2, AVX-512 without VNNI, SSE4.1): ORT's fast u8s8
+    kernels there sum pairs of products into int16 and saturate. ORT applies the option only on such
+    CPUs (a no-op on VNNI x86 and on ARM). Measured on an AVX2-only EPYC, zoo Pong DQN int8 vs torch fp32
+    on 400 recorded frames: 0.825 action agreement without it, 0.920 with it -- the figure a VNNI host
+    gives without it -- at 1,995 vs 1,942 us per call."""
+    opts.add_session_config_entry("session.x64quantprecision", "1")  # type: ignore[attr-defined]
+
+
 class OnnxSession:
     format = "onnx"
 
@@ -35,6 +44,7 @@ class OnnxSession:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
+        precise_int8(opts)
         try:
             # from the bytes, not the path: with no model path ORT cannot follow external-data references
             # to files the manifest does not hash, so a model runs only what was verified

@@ -13,6 +13,7 @@ import numpy as np
 
 from quarl_edge.actorq.broadcast import RUNTIMES
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
+from quarl_edge.runtimes.onnx import precise_int8
 
 Model = Callable[[np.ndarray], np.ndarray]
 MODULES = {"onnx": "onnxruntime", "litert": "ai_edge_litert"}
@@ -55,6 +56,7 @@ def open_model(runtime: str, model: bytes) -> Model:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
+    precise_int8(so)
     session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
 
