@@ -78,12 +78,31 @@ def test_bad_study_options_are_user_errors() -> None:
 def test_a_finished_qat_training_is_reused_only_with_the_same_settings(tmp_path: Path) -> None:
     import json
 
+    from quarl_edge.quant.config import QATConfig
     from quarl_edge.study.qat import _trained
+
+    def want(**kw: object) -> QATConfig:
+        return QATConfig(**{"bits": 4, "delay": 512, "activations": False, **kw})  # type: ignore[arg-type]
 
     train = {"steps": 2048, "seed": 0, "qat": {"bits": 4, "delay": 512, "activations": False}}
     (tmp_path / "policy.json").write_text(json.dumps({"spec": {"train": train}}))
-    assert _trained(tmp_path, 2048, 0, 4, 512, activations=False)
-    assert not _trained(tmp_path, 2048, 0, 4, 512, activations=True)  # weight-only is another training
-    assert not _trained(tmp_path, 2048, 0, 3, 512, activations=False)
-    assert not _trained(tmp_path, 4096, 0, 4, 512, activations=False)  # too short
-    assert not _trained(tmp_path / "missing", 2048, 0, 4, 512)
+    assert _trained(tmp_path, 2048, 0, want())  # a checkpoint from before scopes: scope all
+    assert not _trained(tmp_path, 2048, 0, want(activations=True))  # weight-only is another training
+    assert not _trained(tmp_path, 2048, 0, want(bits=3))
+    assert not _trained(tmp_path, 2048, 0, want(scope="actor"))  # actor-only QAT is another training
+    assert not _trained(tmp_path, 4096, 0, want())  # too short
+    assert not _trained(tmp_path / "missing", 2048, 0, want())
+    train["qat"]["scope"] = "actor"
+    (tmp_path / "policy.json").write_text(json.dumps({"spec": {"train": train}}))
+    assert _trained(tmp_path, 2048, 0, want(scope="actor")) and not _trained(tmp_path, 2048, 0, want())
+
+
+def test_qat_scope_names_its_runs_and_the_table_says_which_layers() -> None:
+    from quarl_edge.study.qat import run_name
+
+    assert run_name("pendulum-sac", 4, True, "all") == "pendulum-sac-qat4"  # the earlier studies' folders
+    assert run_name("pendulum-sac", 4, False, "actor") == "pendulum-sac-qat4-weights-actor"
+    study = summarize([], QATStudyConfig(suite="paper", scope="actor"))
+    assert study["qat_scope"] == "actor" and "critics and value heads fp32" in markdown(study)
+    with pytest.raises(InputError, match="unknown --qat-scope 'critic'"):
+        QATStudyConfig(scope="critic")

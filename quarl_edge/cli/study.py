@@ -11,6 +11,7 @@ from quarl_edge.cli._options import (
     AddressOpt,
     JsonOpt,
     QatActivationsOpt,
+    QatScopeOpt,
     ZooOpt,
     int_list,
     name_list,
@@ -67,6 +68,7 @@ def study_qat(
     steps: Annotated[int | None, typer.Option("--steps", help="override the QAT training steps")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated task names")] = None,
     qat_activations: QatActivationsOpt = True,
+    qat_scope: QatScopeOpt = "all",
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for qat.md/.csv/.json and the PNG plot")] = Path("out/study-qat"),
     as_json: JsonOpt = False,
@@ -75,7 +77,7 @@ def study_qat(
     from quarl_edge.study import qat
 
     cfg = qat.QATStudyConfig(suite=suite, episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), steps=steps,
-                             address=address, policies=name_list(policies), activations=qat_activations, out=out)  # fmt: skip
+                             address=address, policies=name_list(policies), activations=qat_activations, scope=qat_scope, out=out)  # fmt: skip
     study = qat.run_study(cfg, progress=info)
     _show(study, qat.write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", qat)
 

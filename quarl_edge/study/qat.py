@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.quant.config import MAX_BITS, QATConfig
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.study._common import (
     Progress,
@@ -31,6 +32,10 @@ from quarl_edge.study._common import (
 from quarl_edge.study._evaluate import evaluate_task
 
 KEEP_FRACTION = 0.9  # the paper's claim: QAT keeps >= 90% of fp32 where PTQ does not
+SCOPE_TEXT = {
+    "all": "every layer fake-quantized, critics and value heads too",
+    "actor": "only the exported network fake-quantized, critics and value heads fp32",
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,9 @@ class QATStudyConfig:
     """restrict to these tasks (zoo names) of the suite"""
     activations: bool = True
     """QAT also fake-quantizes activations (False: weight-only QAT, like the weight-only PTQ sweep)"""
+    scope: str = "all"
+    """all: every layer trains fake-quantized (critics, value heads, targets too); actor: only the
+    exported network's, so what learns the values stays fp32 (QAT_SCOPES)"""
     delay_fraction: float = 0.25
     """quantization delay as a fraction of the training steps"""
     seed: int = 2000
@@ -84,6 +92,7 @@ class QATStudyConfig:
         check_suite(self.suite, ("quick", "paper"))
         check_episodes(self.episodes)
         check_bits(self.bits, "QAT and PTQ bits")
+        QATConfig(bits=MAX_BITS, scope=self.scope)  # an unknown --qat-scope fails here, before Ray starts
         if self.steps is not None and self.steps < 64:
             raise InputError(f"--steps must be at least 64 (got {self.steps})", "e.g. --steps 20000")
         if not 0.0 <= self.delay_fraction < 1.0:
@@ -117,19 +126,17 @@ class QATStudyConfig:
         return list(range(self.seed, self.seed + self.n_episodes))
 
 
-def train_task(
-    env: str, algo: str, steps: int, seed: int, bits: int, delay: int, out: str, activations: bool = True
-) -> dict[str, Any]:
-    """One QAT training (a Ray task); returns {"path": ...} or {"skipped": reason}."""
+def train_task(env: str, algo: str, steps: int, seed: int, qat: dict[str, Any], out: str) -> dict[str, Any]:
+    """One QAT training (a Ray task) with ``qat`` (QATConfig.to_dict()); returns {"path": ...} or
+    {"skipped": reason}."""
     import torch
 
-    from quarl_edge.quant.config import QATConfig
     from quarl_edge.train.trainer import TrainConfig, train
 
     torch.set_num_threads(1)
     try:
         cfg = TrainConfig(env=env, algo=algo, out=Path(out), steps=steps, seed=seed, eval_episodes=1,
-                          qat=QATConfig(bits=bits, delay=delay, activations=activations))  # fmt: skip
+                          qat=QATConfig.from_dict(qat))  # fmt: skip
         train(cfg)
     except QuarlError as e:
         return {"skipped": str(e)}
@@ -148,7 +155,7 @@ def _check(task: QATTask) -> tuple[Any, str | None]:
     return (None, reason) if reason else (entry, None)
 
 
-def _trained(path: Path, steps: int, seed: int, bits: int, delay: int, activations: bool = True) -> bool:
+def _trained(path: Path, steps: int, seed: int, want: QATConfig) -> bool:
     """Is there a finished QAT checkpoint at ``path`` from the same training settings?"""
     import json
 
@@ -156,10 +163,14 @@ def _trained(path: Path, steps: int, seed: int, bits: int, delay: int, activatio
         train = json.loads((path / "policy.json").read_text())["spec"]["train"]
     except (OSError, ValueError, KeyError):
         return False
-    qat = train.get("qat") or {}
+    qat = {"activations": True, "scope": "all", **(train.get("qat") or {})}  # older checkpoints: the defaults
     return (not train.get("partial") and train.get("seed") == seed and train.get("steps", 0) >= steps
-            and qat.get("bits") == bits and qat.get("delay") == delay
-            and qat.get("activations", True) == activations)  # fmt: skip
+            and all(qat.get(k) == getattr(want, k) for k in ("bits", "delay", "activations", "scope")))  # fmt: skip
+
+
+def run_name(task: str, bits: int, activations: bool, scope: str) -> str:
+    """``<task>-qat<bits>[-weights][-actor]``: the folder of one QAT training under out/runs."""
+    return f"{task}-qat{bits}{'' if activations else '-weights'}{'' if scope == 'all' else f'-{scope}'}"
 
 
 def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> dict[str, Any]:
@@ -190,15 +201,14 @@ def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> dict[str
                 ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
                 evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
             for b in cfg.task_bits(task):
-                suffix = "" if cfg.activations else "-weights"
-                path, delay = work / f"{task.name}-qat{b}{suffix}", int(steps * cfg.delay_fraction)
+                qat = QATConfig(bits=b, delay=int(steps * cfg.delay_fraction), activations=cfg.activations,
+                                scope=cfg.scope)  # fmt: skip
+                path = work / run_name(task.name, b, cfg.activations, cfg.scope)
                 row = Row(task.name, entry.env, entry.algo, f"qat{b}", b)
-                if _trained(path, steps, entry.seed, b, delay, cfg.activations):
+                if _trained(path, steps, entry.seed, qat):
                     trainings.append((row, {"path": str(path)}))
                     continue
-                ref = trainer.remote(
-                    entry.env, entry.algo, steps, entry.seed, b, delay, str(path), cfg.activations
-                )
+                ref = trainer.remote(entry.env, entry.algo, steps, entry.seed, qat.to_dict(), str(path))
                 trainings.append((row, ref))
             log(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
         for row, ref in trainings:
@@ -249,6 +259,7 @@ def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
         "seeds": cfg.seeds,
         "bits": list(cfg.bit_list),
         "qat_activations": cfg.activations,
+        "qat_scope": cfg.scope,
         "keep_fraction": KEEP_FRACTION,
         "results": results,
         "findings": findings,
@@ -294,6 +305,7 @@ def markdown(study: dict[str, Any]) -> str:
         f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}). "
         "PTQ: weight-only n-bit of the fp32 zoo policy. QAT: trained from scratch with --qat-bits n "
         f"({'weights and activations' if study.get('qat_activations', True) else 'weights only'}; "
+        f"{SCOPE_TEXT[study.get('qat_scope', 'all')]}; "
         "same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
         "",
     ]
