@@ -353,6 +353,27 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     # a second run over the same folder reuses the six finished runs instead of training again
     again = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
     assert [r["final_return"] for r in again["runs"]] == [r["final_return"] for r in study["runs"]]
+    # --finished-only with one run's log gone: the other five, that one listed as not run, nothing trained
+    gone = next((tmp_path / "runs").glob("*-int8-u50-s0"))
+    (gone / "log.json").unlink()
+    part = run_study(ActorQStudyConfig("quick", tmp_path, finished_only=True), progress=lambda _: None)
+    assert len(part["runs"]) == 5 and part["not_run"] == [gone.name] and not (gone / "log.json").exists()
+    assert [r["precision"] for r in part["rows"]] == [
+        "fp32",
+        "fp16",
+        "int8",
+        "fp32",
+        "fp16",
+    ]  # u50 int8: none
+
+
+def test_finished_only_on_an_empty_folder_trains_nothing_and_says_what_is_missing(tmp_path: Path) -> None:
+    study = run_study(ActorQStudyConfig("quick", tmp_path, finished_only=True), progress=lambda _: None)
+    assert study["runs"] == [] and study["rows"] == [] and len(study["not_run"]) == 6
+    write_outputs(study, tmp_path)
+    md = (tmp_path / "actorq.md").read_text()
+    assert "Not run yet (6 of the suite's runs" in md and "CartPole-v1-dqn-120x84-int8-u500-s0" in md
+    assert not (tmp_path / "runs").exists()
 
 
 def test_within_spread_compares_final_returns_over_seeds() -> None:

@@ -80,6 +80,6 @@ def test_study_reports_fp32_over_int8_energy_to_target() -> None:
         and rows["int8"]["energy_source"] == "estimate"
     )
     table = table_rows({"rows": list(rows.values())})
-    assert table[1][-2:] == ["150", "2.00x"]
+    assert table[1][-2:] == ["150", "2.00x"] and table[1][2] == "0,1"  # the seeds behind the row
     assert "estimate" in energy_note(runs) and "assumed 5 W" in energy_note(runs)
     assert "not recorded" in energy_note([{**runs[0], "energy": None}])

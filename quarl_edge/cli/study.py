@@ -86,10 +86,12 @@ def study_actorq(
     suite: Annotated[str, typer.Option("--suite", help="quick (CI, ~1 min), convergence (3 seeds), speed (2048x3), paper (both), dmc (DM Control D4PG at Acme's sizes), dmc-quick (CI)")] = "quick",
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for actorq.md/.json, breakdown PNGs, runs/")] = Path("out/study-actorq"),
+    finished_only: Annotated[bool, typer.Option("--finished-only", help="train nothing: the table and plots from the runs already finished in --out")] = False,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """ActorQ: fp32 vs fp16 vs int8 actors on the same seeds; time to target and final return."""
     from quarl_edge.study import actorq
 
-    study = actorq.run_study(actorq.ActorQStudyConfig(suite=suite, out=out, address=address), progress=info)
+    cfg = actorq.ActorQStudyConfig(suite=suite, out=out, address=address, finished_only=finished_only)
+    study = actorq.run_study(cfg, progress=info)
     _show(study, actorq.write_outputs(study, out), as_json, f"ActorQ study ({suite})", actorq)

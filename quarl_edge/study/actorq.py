@@ -29,7 +29,7 @@ from quarl_edge.study._common import Progress, check_suite, claim_output, import
 
 STUDY_VERSION = 2
 WINDOW = 10
-COLUMNS = ("task", "precision", "update period", "final return", "vs fp32", "time to target (s)", "reached",
+COLUMNS = ("task", "precision", "seeds", "update period", "final return", "vs fp32", "time to target (s)", "reached",
            "speedup vs fp32", "env steps/s", "steps/s vs fp32", "inference vs fp32", "energy to target (J)",
            "energy fp32/this (paper, int8: 1.9x-3.8x)")  # fmt: skip
 
@@ -161,6 +161,9 @@ class ActorQStudyConfig:
     """runs go to out/runs/<run>/ (a finished run with the same arguments is reused)"""
     address: str | None = None
     """Ray cluster address; None starts a local Ray (only when a run has to be trained)"""
+    finished_only: bool = False
+    """train nothing: tables and plots from the runs already finished in out/runs (a long suite's
+    results so far); the others are listed as not run yet"""
 
     def __post_init__(self) -> None:
         check_suite(self.suite, SUITES)
@@ -173,6 +176,7 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[
     from quarl_edge.actorq import d4pg, dqn
 
     runs: list[dict[str, Any]] = []
+    missing: list[str] = []
     started = False
     try:
         for task, seed, period, precision in _order(suite):
@@ -185,6 +189,9 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[
                                 resume=True, **dict(task.overrides))  # fmt: skip
             log, reused = _reusable(args), True
             t = time.perf_counter()
+            if log is None and cfg.finished_only:
+                missing.append(name)
+                continue
             if log is None:
                 if not started and not ray.is_initialized():
                     ray.init(address=address, num_cpus=None if address else suite.actors, include_dashboard=False,
@@ -200,8 +207,10 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[
     finally:
         if started:
             ray.shutdown()
+    if missing:
+        progress(f"{len(missing)} of {len(missing) + len(runs)} runs not run yet (--finished-only)")
     return {"format": "quarl-edge/study-actorq", "version": STUDY_VERSION, "suite": suite_name, "config": asdict(suite), "runs": runs,
-            "rows": _rows(runs, suite)}  # fmt: skip
+            "rows": _rows(runs, suite), "not_run": missing}  # fmt: skip
 
 
 def _order(suite: Suite) -> list[tuple[Task, int, int, str]]:
@@ -292,6 +301,8 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
             for precision in task.precisions:
                 rs = [r for r in runs if (r["task"], r["update_period"], r["precision"])
                       == (task.label, period, precision)]  # fmt: skip
+                if not rs:  # not run yet (a --finished-only table of a suite under way)
+                    continue
                 finals = [r["final_return"] for r in rs if r["final_return"] is not None]
                 times = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None]
                 mean_t = statistics.fmean(times) if times else None
@@ -305,6 +316,7 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
                 ratios = [x for x in ratios if x is not None]
                 rows.append({
                     "task": task.label, "precision": precision, "update_period": period,
+                    "seeds": sorted(r["seed"] for r in rs),
                     "final_return_mean": statistics.fmean(finals) if finals else None,
                     "final_return_std": statistics.pstdev(finals) if len(finals) > 1 else 0.0,
                     "final_returns": finals,
@@ -329,7 +341,7 @@ def table_rows(study: dict[str, Any]) -> list[list[str]]:
 
     verdict = {None: "— (1 seed)", True: "within spread", False: "OUTSIDE spread"}
     return [
-        [r["task"], r["precision"], str(r["update_period"]),
+        [r["task"], r["precision"], ",".join(map(str, r.get("seeds", []))) or "—", str(r["update_period"]),
          f"{f(r['final_return_mean'])} ± {f(r['final_return_std'])}",
          verdict[r["within_fp32_spread"]] if r["precision"] != "fp32" else "ref",
          f(r["time_to_target_s"]), r["reached"],
@@ -376,6 +388,9 @@ def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
              "", energy_note(study["runs"]),
              "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
+    if study.get("not_run"):
+        lines += ["", f"Not run yet ({len(study['not_run'])} of the suite's runs; `--finished-only` wrote this "
+                  "table from the finished ones): " + ", ".join(f"`{n}`" for n in study["not_run"])]  # fmt: skip
     tmp = out / "actorq.md.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, files[1])
