@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -197,3 +198,10 @@ def assert_absent(path: Path) -> None:
 def assert_no_report(path: Path) -> None:
     assert_absent(path)
     assert_absent(path.with_suffix(".md"))
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT, as Ctrl-C would: a shell that started
+    pytest in the background (``cmd &`` without job control, e.g. under nohup) ignores SIGINT, the
+    children inherit that, and the CLI would never see the interrupt (seen in a CI check run so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

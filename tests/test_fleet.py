@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAST_BENCH, assert_one_error
+from conftest import FAST_BENCH, assert_one_error, interruptible
 
 from quarl_edge.bench.fleet import FleetRequest, bench_fleet, partial_file
 from quarl_edge.bench.fleet_report import (
@@ -302,7 +302,7 @@ def test_ctrl_c_keeps_each_devices_finished_work_and_resume_finishes(
             "--latency-samples", "20", "--out", str(out)]  # fmt: skip
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.Popen([sys.executable, "-m", "quarl_edge.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         partials = [partial_file(out, d) for d in ("local", "local2")]

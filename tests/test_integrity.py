@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import interruptible
 
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import InputError, IntegrityError
@@ -113,7 +114,7 @@ def test_ctrl_c_during_a_bench_is_exit_130_and_says_what_was_kept(
     exe = Path(sys.executable).parent / "quarl-edge"
     proc = subprocess.Popen([str(exe), "bench", "--bundle", str(cartpole_bundle), "--episodes", "200",
                              "--latency-samples", "20", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)  # fmt: skip
     deadline = time.monotonic() + 120  # a deadline for the bench to keep its first episode, not a timing
     while not (partial.is_file() and '"seed"' in partial.read_text()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
@@ -144,7 +145,7 @@ def test_ctrl_c_during_an_export_is_exit_130_and_leaves_nothing(
     exe = Path(sys.executable).parent / "quarl-edge"
     proc = subprocess.Popen([str(exe), "export", "--policy", str(policy), "--calibration", str(frames),
                              "--to", "onnx-fp32,onnx-int8,tflite-fp32,tflite-int8", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)  # fmt: skip
     time.sleep(6)  # into the conversions (the whole export takes ~20 s here)
     assert proc.poll() is None, proc.communicate()
     os.kill(proc.pid, signal.SIGINT)

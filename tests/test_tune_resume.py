@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import interruptible
 
 from quarl_edge.tune.search import TuneConfig, run_tune
 
@@ -31,7 +32,7 @@ def test_an_interrupted_tune_resumes_without_remeasuring(
             "--budget-min", "5", "--max-threads", "1"]  # fmt: skip
     cmd = [sys.executable, "-m", "quarl_edge.cli", "tune", *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))  # fmt: skip
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"), preexec_fn=interruptible)  # fmt: skip
     state = out / ".cache" / "state.json"
     deadline = time.monotonic() + 300
     try:
