@@ -358,13 +358,8 @@ def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     (gone / "log.json").unlink()
     part = run_study(ActorQStudyConfig("quick", tmp_path, finished_only=True), progress=lambda _: None)
     assert len(part["runs"]) == 5 and part["not_run"] == [gone.name] and not (gone / "log.json").exists()
-    assert [r["precision"] for r in part["rows"]] == [
-        "fp32",
-        "fp16",
-        "int8",
-        "fp32",
-        "fp16",
-    ]  # u50 int8: none
+    rows = [(r["update_period"], r["precision"]) for r in part["rows"]]
+    assert (50, "int8") not in rows and len(rows) == 5  # the row of the run not yet made is left out
 
 
 def test_finished_only_on_an_empty_folder_trains_nothing_and_says_what_is_missing(tmp_path: Path) -> None:
