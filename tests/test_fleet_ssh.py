@@ -61,6 +61,7 @@ def test_fleet_of_local_and_a_board_over_ssh_writes_one_report_with_both(
     assert "speedup vs fp32" in p.stdout and DEV in p.stdout and "local" in p.stdout
     assert f"{DEV} harness: connect" in p.stderr and "next: quarl-edge gate fleet.json" in p.stderr
     assert not list(tmp_path.glob("*.partial.json"))
+    print(f"\n[fleet local + {DEV}]\n{p.stdout}")  # the comparison table, for `pytest -s`
 
     assert cli("gate", out).returncode == 0
     data = json.loads(out.read_text())
