@@ -131,7 +131,8 @@ SUITES = {
         )  # fmt: skip
     ),
     "convergence": Suite(tasks=CONVERGENCE),
-    "dmc": Suite(tasks=DMC + DMC_LARGE),
+    # the short 2048x3 runs first: one sitting finishes them, and they show where the time goes
+    "dmc": Suite(tasks=DMC_LARGE + DMC),
     "dmc-quick": Suite(tasks=(DMC_QUICK,)),
     "speed": Suite(tasks=SPEED),
     "paper": Suite(tasks=CONVERGENCE + SPEED),
