@@ -68,7 +68,10 @@ def plot_study_breakdown(runs: list[dict[str, Any]], path: Path) -> None:
         ax.bar(labels, vals, bottom=bottom, label=f)
         bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
     # two lines: a DM Control task label is as wide as the figure
-    ax.set_title(f"ActorQ {runs[0].get('task', runs[0]['env'])}\nactor time by precision and update period", fontsize=10)
+    ax.set_title(
+        f"ActorQ {runs[0].get('task', runs[0]['env'])}\nactor time by precision and update period",
+        fontsize=10,
+    )
     ax.set_ylabel("actor seconds per 1000 env steps")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
@@ -107,7 +110,9 @@ def plot_study_curves(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("return (mean of last 10 episodes)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"ActorQ {runs[0].get('task', runs[0]['env'])}\nlearning curves by actor precision", fontsize=10)
+    fig.suptitle(
+        f"ActorQ {runs[0].get('task', runs[0]['env'])}\nlearning curves by actor precision", fontsize=10
+    )
     fig.tight_layout()
     _save(fig, path)
 
