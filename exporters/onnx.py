@@ -315,7 +315,8 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     pre = ctx.workdir / "qat-src.pre.onnx"
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
-    except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
+    except Exception as e:  # pre-processing is an optimization; quantize the plain graph if it fails
+        reraise_interrupt(e)
         shutil.copyfile(fp32, pre)
     # tanh/unscale/argmax after the output layer stay float
     layer_nodes, after_last = _layer_nodes(pre, plain)
@@ -397,7 +398,8 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     pre = ctx.workdir / "int8-src.pre.onnx"
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
-    except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
+    except Exception as e:  # pre-processing is an optimization; quantize the plain graph if it fails
+        reraise_interrupt(e)
         shutil.copyfile(fp32, pre)
     layer_nodes, after_last = _layer_nodes(pre, ctx.policy)
     # --full-int8 as before (float_io_layers=False, no float_layers) quantizes the action head's ops
@@ -469,7 +471,8 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     pre = ctx.workdir / "int4-src.pre.onnx"
     try:
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
-    except Exception:  # pre-processing is an optimization; quantize the plain graph if it fails
+    except Exception as e:  # pre-processing is an optimization; quantize the plain graph if it fails
+        reraise_interrupt(e)
         shutil.copyfile(fp32, pre)
     layer_nodes, after_last = _layer_nodes(pre, ctx.policy)  # argmax / tanh / unscale stay float
     excluded = _excluded(layer_nodes, float_layers, after_last)

@@ -127,7 +127,8 @@ def _failing_layer(net: nn.Module, example: torch.Tensor, message: str) -> str |
         with _quiet():
             program = torch.export.export(net, (example,))
             graphs = [program.graph, program.run_decompositions().graph]
-    except Exception:  # torch.export itself failed: nothing to match against
+    except Exception as e:  # torch.export itself failed: nothing to match against
+        reraise_interrupt(e)
         return None
     for graph in graphs:
         for node in graph.nodes:

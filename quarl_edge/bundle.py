@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from quarl_edge import __version__
+from quarl_edge import __version__, interrupts
 from quarl_edge.exporters.base import (
     EXPORTERS,
     NEEDS_CALIBRATION,
@@ -176,4 +176,5 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         claim(req.out, BUNDLE, req.inputs())  # again, just before the swap: the export took a while
+        interrupts.check()  # a Ctrl-C that a converter caught and dropped still stops the swap
     return manifest

@@ -156,3 +156,50 @@ def test_ctrl_c_during_an_export_is_exit_130_and_leaves_nothing(
         lines[-1].startswith("error: interrupted") and "cannot export" not in err and "Traceback" not in err
     )
     assert not out.exists() and not list(tmp_path.glob(".b.*"))
+
+
+SWALLOWED_CTRL_C = """
+import os, signal, sys, time
+from pathlib import Path
+from quarl_edge import interrupts
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.policy.load import load_policy
+from quarl_edge.runtimes.errors import Interrupted
+
+interrupts.install()
+try:  # what a converter that catches everything does with a Ctrl-C
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)  # the KeyboardInterrupt is raised here
+except BaseException:
+    pass
+assert interrupts.received()
+out = Path(sys.argv[3])
+try:
+    export_bundle(load_policy(Path(sys.argv[1])), BundleRequest(out=out, targets=("onnx-fp32",), calibration=Path(sys.argv[2])))
+except Interrupted as e:
+    print("interrupted:", e)
+    sys.exit(130)
+print("exported")
+"""
+
+
+def test_a_ctrl_c_a_converter_swallows_still_stops_the_export_before_the_swap(
+    cartpole_policy: Path, cartpole_calib: Path, tmp_path: Path
+) -> None:
+    """Was: a Ctrl-C that landed in ONNX Runtime's pre-processing fallback (``except Exception``) or a
+    converter that dropped it let `export` finish and write the bundle with exit 0 (seen in CI)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "b"
+    p = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C, str(cartpole_policy), str(cartpole_calib), str(out)],
+                       capture_output=True, text=True, timeout=300, preexec_fn=interruptible)  # fmt: skip
+    assert p.returncode == 130, p.stdout + p.stderr
+    assert "interrupted:" in p.stdout and "left as it was" in p.stdout
+    assert not out.exists() and not list(tmp_path.glob(".b.*"))
+    # the same export without the Ctrl-C writes the bundle: the check is what stopped it
+    ok = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C.replace("interrupts.install()", "pass").replace(
+        "assert interrupts.received()", ""), str(cartpole_policy), str(cartpole_calib), str(out)],
+        capture_output=True, text=True, timeout=300, preexec_fn=interruptible)  # fmt: skip
+    assert ok.returncode == 0 and "exported" in ok.stdout, ok.stdout + ok.stderr
+    assert (out / "manifest.json").is_file()

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from quarl_edge import __version__
+from quarl_edge import __version__, interrupts
 from quarl_edge.cli import actorq, deploy, devices, pipeline, study, tune, zoo
 from quarl_edge.cli._options import DebugOpt
 
@@ -45,4 +45,5 @@ for group in (pipeline, tune, deploy, actorq, devices, zoo, study):
 
 
 def main() -> None:
+    interrupts.install()
     app()
