@@ -5,6 +5,8 @@ Python turns SIGINT into a KeyboardInterrupt wherever the main thread happens to
 wrapped or dropped, and the command would go on and write its output as if nothing happened. The handler
 installed here also records that SIGINT arrived; commands call :func:`check` before they commit an output
 (an atomic rename), so a swallowed Ctrl-C still ends the command with exit 130 and nothing written.
+The check is at each command's commit point, not inside runtimes.fsutil's atomic writers: commands also
+write on purpose while handling a Ctrl-C (bench keeps its finished episodes for --resume).
 """
 
 from __future__ import annotations
