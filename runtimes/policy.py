@@ -232,7 +232,10 @@ class Policy:
             x = y
         for s in self._stacks:
             x = s.push(x)
-        return self._action(x, session)
+        out = (self.run_batch(x[None]) if session is None else session.run(x[None]))[0]  # _action, inlined
+        action: Action = int(out) if self._discrete else out.astype(np.float32)
+        self._last = action
+        return action
 
     def act_on_input(self, model_input: ArrayLike) -> Action:
         """The action for one model input (frames already stacked, as the observations of a trace),
