@@ -14,6 +14,7 @@ what a control loop runs.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -446,6 +447,11 @@ def load_policy(
     $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. Errors are ``QuarlError``s whose
     ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
+    if not isinstance(bundle, str | os.PathLike):
+        raise InputError(
+            f"bundle must be a folder path (got {type(bundle).__name__})",
+            "e.g. load_policy('bundles/cartpole-ppo')",
+        )
     bundle = Path(bundle)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise InputError(

@@ -323,3 +323,10 @@ def test_every_bad_argument_is_a_one_line_quarl_error(
     with pytest.raises(QuarlError) as e:
         load_policy(cartpole_rt_bundle, **kwargs)
     one_line(e.value)
+
+
+def test_a_bundle_that_is_not_a_path_is_a_one_line_error() -> None:
+    for bundle in (123, None, ["bundles/x"]):
+        with pytest.raises(InputError) as e:
+            load_policy(bundle)  # type: ignore[arg-type]
+        assert "bundle must be a folder path" in one_line(e.value)
