@@ -1,0 +1,135 @@
+"""The ``c`` runtime adapter: a generated C policy (exporters/c.py) compiled into a shared object and
+called through ctypes. Device side: the standard library, numpy and a C compiler.
+
+Loading checks the C file first: it must be exactly what quarl-edge's generator writes for the program
+it carries (runtimes/csource.py check_source), so a bundle can only ever make this machine compile the
+fixed kernels with other numbers. The object is built once per (source, compiler, flags) into
+``~/.cache/quarl-edge/c/<key>/`` (runtimes/ccompiler.py), never inside the bundle; a board without a
+compiler can run an object cross-compiled on the host and named, with its sha256, in the manifest
+(trusted as the bundle is: see docs/c.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ccompiler
+from .adapters import register
+from .cprogram import Program
+from .csource import check_source, render_h
+from .errors import IntegrityError, MissingDependencyError, QuarlError
+
+MAX_C_BYTES = 256 << 20
+
+
+def _features() -> dict[str, bool] | None:
+    from .facts import hwcap_features, isa_features, parse_cpuinfo
+
+    hw = hwcap_features()
+    if hw is not None:
+        return hw
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")[: 1 << 20]
+    except OSError:
+        return None
+    return isa_features(parse_cpuinfo(text), platform.machine())
+
+
+def read_c(path: Path) -> tuple[str, Program]:
+    """The C file's text and its program, checked (see the module doc)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_C_BYTES:
+            raise IntegrityError(
+                f"{path.name!r} is larger than {MAX_C_BYTES >> 20} MiB", "re-export the bundle"
+            )
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise IntegrityError(f"{path.name!r} is not a UTF-8 C file", "re-export the bundle") from None
+    except OSError as e:
+        raise IntegrityError(f"cannot read {path.name!r} ({e.strerror})", "re-export the bundle") from None
+    return text, check_source(text, repr(path.name))
+
+
+def shared_object(text: str, program: Program) -> tuple[Path, str]:
+    """(the built object for this machine, what built it), compiling it on the first call."""
+    compiler = ccompiler.find_compiler()
+    if compiler is None:
+        raise MissingDependencyError(
+            f"no C compiler on this machine to build the c-{program.precision} model", ccompiler.INSTALL
+        )
+    machine = platform.machine()
+    flags = compiler.flags(machine, _features())
+    header = render_h(program)
+    key = ccompiler.build_key(text, header, compiler, flags)
+    out = ccompiler.cache_root() / key[:32] / "policy.so"
+    if not out.is_file():
+        ccompiler.compile_shared(text, header, program.header, compiler, flags, out)
+    return out, f"{compiler.name}{' ' + ' '.join(flags) if flags else ''}"
+
+
+class CSession:
+    format = "c"
+
+    def __init__(self, path: Path, threads: int = 1, options: Any = None) -> None:
+        text, program = read_c(path)
+        so, self.built_by = shared_object(text, program)
+        try:
+            lib = ctypes.CDLL(str(so))
+        except OSError as e:
+            raise IntegrityError(
+                f"the shared object built for {path.name!r} does not load ({str(e)[:160]})",
+                f"remove {so.parent} and load again",
+            ) from None
+        self.program = program
+        self.discrete = program.discrete
+        self.obs_size = program.obs_size
+        self.action_size = program.action_size
+        self._batch = lib.qe_policy_act_batch
+        self._batch.restype = None
+        self._batch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self._one = lib.qe_policy_act
+        if self.discrete:
+            self._one.restype = ctypes.c_int
+            self._one.argtypes = [ctypes.c_void_p]
+        else:
+            self._one.restype = None
+            self._one.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._lib = lib  # the functions above keep it loaded; kept for clarity
+        self.input_shape: tuple[int | None, ...] = (None, program.obs_size)
+        self.input_dtype = np.dtype(np.float32)
+        self.runtime = f"c {self.built_by.split()[0]}"
+        self.threads = threads  # one thread: the C code is single-threaded by design
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(obs, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.obs_size:
+            x = x.reshape(len(x), -1)
+            if x.shape[1] != self.obs_size:
+                raise QuarlError(
+                    f"the C model takes {self.obs_size} values per observation, not {x.shape[1]}"
+                )
+        n = len(x)
+        xp = x.__array_interface__["data"][0]
+        if self.discrete:
+            if n == 1:
+                return np.array([self._one(xp)], np.int64)
+            out = np.empty(n, np.intc)
+            self._batch(xp, n, out.__array_interface__["data"][0])
+            return out.astype(np.int64)
+        y = np.empty((n, self.action_size), np.float32)
+        if n == 1:
+            self._one(xp, y.__array_interface__["data"][0])
+        else:
+            self._batch(xp, n, y.__array_interface__["data"][0])
+        return y
+
+
+@register("c")
+def _open(path: Path, threads: int, options: Any = None) -> CSession:
+    return CSession(path, threads, options)
