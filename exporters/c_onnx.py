@@ -153,6 +153,13 @@ def from_onnx(path: Path, target: str, name: str, header: str) -> Program:
     model = onnx.load(str(path))
     g = model.graph
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    known = {"Constant", "QuantizeLinear", "DequantizeLinear", "Gemm", "MatMul", "Clip", "Cast", "ArgMax",
+             *_UNARY, *_BINARY, *_ALIASES, *_FOLD}  # fmt: skip
+    odd = next((n for n in g.node if n.op_type not in known or n.domain not in ("", "ai.onnx")), None)
+    if odd is not None:  # named first: a CNN is refused for its Conv, not for its image input
+        raise unsupported(
+            odd.op_type if odd.domain in ("", "ai.onnx") else f"{odd.domain}.{odd.op_type}", target
+        )
     inputs = [i for i in g.input if i.name not in consts]
     if len(inputs) != 1 or len(g.output) != 1:
         raise InputError(
