@@ -235,3 +235,22 @@ def pendulum_rt_bundle(
     out = tmp_path_factory.mktemp("rt-bundles") / "pendulum-sac"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
     return _export_shipped(out, pendulum_policy, pendulum_calib, targets)
+
+
+# ---- C export (issue 31): zoo bundles with ONNX and C models, exported once per session ------------
+
+C_TARGETS = ("onnx-fp32", "onnx-int8", "c-fp32", "c-int8")
+
+
+@pytest.fixture(scope="session")
+def c_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> a bundle of that zoo policy with C_TARGETS, exported on first use, once per session."""
+    root = tmp_path_factory.mktemp("c-bundles")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = _export_shipped(root / name, POLICIES / name, CALIB / f"{name}.npz", C_TARGETS)
+        return made[name]
+
+    return get

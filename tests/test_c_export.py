@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import C_TARGETS as TARGETS
 from conftest import CALIB, POLICIES, assert_absent, assert_discriminating, assert_one_error
 
 from quarl_edge.bundle import BundleRequest, export_bundle
@@ -35,7 +36,6 @@ from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import load_trace
 from quarl_edge.zoo import load_zoo
 
-TARGETS = ("onnx-fp32", "onnx-int8", "c-fp32", "c-int8")
 FP32_TOL = 1e-5
 FAST = ("cartpole-ppo", "pendulum-sac")
 SEEDS = (0, 1, 2)
@@ -43,23 +43,6 @@ SEEDS = (0, 1, 2)
 
 def zoo_mlps() -> list[str]:
     return [e.name for e in load_zoo() if e.model == "mlp"]
-
-
-@pytest.fixture(scope="session")
-def c_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """name -> a bundle of that zoo policy with TARGETS, exported on first use, once per session."""
-    root = tmp_path_factory.mktemp("c-bundles")
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            out = root / name
-            req = BundleRequest(out=out, targets=TARGETS, calibration=CALIB / f"{name}.npz")
-            export_bundle(load_checkpoint(POLICIES / name), req)
-            made[name] = out
-        return made[name]
-
-    return get
 
 
 @dataclass(frozen=True)
