@@ -110,6 +110,8 @@ class State:
         self.path, self.key, self.inputs, self.log = path, key, inputs, log
         self.data: dict[str, dict[str, Any]] = {s: {} for s in STAGES}
         self.hits: set[tuple[str, str]] = set()
+        """entries of an earlier run that this one reused"""
+        self.fresh: set[tuple[str, str]] = set()
         self._warned = False
         loaded = self._load()
         self.cached = sum(len(v) for v in loaded.values())
@@ -162,11 +164,13 @@ class State:
             self._damaged(f"{stage} {name[:80]!r}: {why[:120]}")
             del self.data[stage][name]
             return None
-        self.hits.add((stage, name))
+        if (stage, name) not in self.fresh:
+            self.hits.add((stage, name))
         return value
 
     def put(self, stage: str, name: str, model: str, value: Any) -> Any:
         self.data[stage][name] = {"model": model, "value": _to_json(value)}
+        self.fresh.add((stage, name))
         atomic_write_json(self.path, {"format": STATE_FORMAT, "schema_version": STATE_VERSION, "key": self.key,
                                       "inputs": self.inputs, **self.data})  # fmt: skip
         return value

@@ -130,7 +130,9 @@ def _check(r: TuneResult) -> None:
     if c is not None:
         _check_choice(r, c, r.row(c.name), ref)
     if r.shipped is not None:
-        expected = {n: r.row(n).sha256 for n in {r.reference, *([c.name] if c else [])}}
+        if c is None:
+            raise InputError("tune result ships a bundle but names no choice", FIX)
+        expected = {n: r.row(n).sha256 for n in {r.reference, c.name}}
         if dict(r.shipped.models) != expected:
             raise InputError("tune result's shipped bundle does not hold exactly the models it measured "
                              "(the choice and its fp32 reference, with the sha256s measured)", FIX)  # fmt: skip
