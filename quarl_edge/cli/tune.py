@@ -23,6 +23,13 @@ from quarl_edge.cli._options import (
     overrides,
 )
 from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, table
+from quarl_edge.tune.config import TuneConfig
+
+
+def _default(name: str) -> str:
+    """The config's default, for the help text (the CLI's own default is "not given")."""
+    value = TuneConfig.__dataclass_fields__[name].default
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def register(app: typer.Typer) -> None:
@@ -32,13 +39,13 @@ def register(app: typer.Typer) -> None:
 def tune(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("folder for tune.json/.md/.png and bundle/ (the chosen model)")],
-    device: Annotated[str | None, typer.Option("--device", help="device profile name (default: local)")] = None,
-    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help="e.g. 2% (default 2%)")] = None,
+    device: Annotated[str | None, typer.Option("--device", help=f"device profile name (default: {_default('device')})")] = None,
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
-    budget_min: Annotated[float | None, typer.Option("--budget-min", help="stop with the best so far after M minutes (default 15)")] = None,
+    budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
-    episodes: Annotated[int | None, typer.Option("--episodes", help="paired closed-loop episodes per candidate (default 20)")] = None,
+    episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired closed-loop episodes per candidate (default {_default('episodes')})")] = None,
     max_threads: Annotated[int | None, typer.Option("--max-threads", help="default: the device's cores")] = None,
     kinds: Annotated[str | None, typer.Option("--kinds", help="candidate families, e.g. int8-layers (default: all)")] = None,
     host: HostOpt = None,
@@ -53,7 +60,6 @@ def tune(
 ) -> None:  # fmt: skip
     """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
     from quarl_edge.gate import parse_percent
-    from quarl_edge.tune.config import TuneConfig
 
     # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
     given: dict[str, Any] = {k: v for k, v in {
