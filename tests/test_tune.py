@@ -30,7 +30,9 @@ def tuned(
     return cfg, run_tune(cfg)
 
 
-def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(tuned: tuple[TuneConfig, TuneResult]) -> None:
+def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(
+    tuned: tuple[TuneConfig, TuneResult],
+) -> None:
     cfg, result = tuned
     choice = result.choice
     assert choice is not None
@@ -39,7 +41,11 @@ def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(tuned: tuple[T
     report = json.loads((cfg.out / "tune.json").read_text())
     assert report["format"] == "quarl-edge/report" and report["tune"]["choice"]["name"] == choice.name
     assert report["tune"]["schema_version"] == 1 and report["tune"]["format"] == "quarl-edge/tune"
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct)) if choice.name != result.reference else []
+    checks = (
+        evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct))
+        if choice.name != result.reference
+        else []
+    )
     assert all(c.passed for c in checks)
     assert (cfg.out / "tune.md").read_text().startswith("# quarl-edge tune:") and (
         cfg.out / "tune.png"
@@ -66,7 +72,9 @@ def test_the_tuned_bundle_holds_the_choice_and_says_why(tuned: tuple[TuneConfig,
     assert runner.act([0.0, 0.0, 0.0, 0.0]) in (0, 1)
 
 
-def test_a_second_tune_with_the_same_inputs_reuses_every_measurement(tuned: tuple[TuneConfig, TuneResult]) -> None:
+def test_a_second_tune_with_the_same_inputs_reuses_every_measurement(
+    tuned: tuple[TuneConfig, TuneResult],
+) -> None:
     cfg, first = tuned
     again = run_tune(cfg)
     assert again.reused_measurements > 0 and again.choice == first.choice

@@ -39,7 +39,10 @@ OUTPUTS = ("tune.json", "tune.md", "tune.png", "bundle", CACHE)
 def _tagged(path: Path) -> bool:
     tag = path / TAG
     try:
-        return tag.is_file() and not tag.is_symlink() and tag.read_bytes()[:512] == CACHE_TAG.encode()
+        if not tag.is_file() or tag.is_symlink():
+            return False
+        with tag.open("rb") as f:
+            return f.read(len(CACHE_TAG) + 1) == CACHE_TAG.encode()
     except OSError:
         return False
 
@@ -89,7 +92,11 @@ def locked(out: Path) -> Iterator[Path]:
     cache.mkdir(parents=True, exist_ok=True)
     if not _tagged(cache):
         atomic_write_text(cache / TAG, CACHE_TAG)
-    fd = os.open(cache / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(cache / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:  # a link or a folder in its place
+        raise InputError(f"cannot lock {str(cache / LOCK)!r} ({e.strerror})",
+                         "remove it (tune makes it again), or pass another --out") from None  # fmt: skip
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
