@@ -101,32 +101,36 @@ class CSession:
             self._one.restype = None
             self._one.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self._lib = lib  # the functions above keep it loaded; kept for clarity
+        self._shape1 = (1, program.obs_size)
+        self._x1 = np.zeros(self._shape1, np.float32)
+        self._y1 = np.zeros((1, program.action_size), np.float32)
+        self._a1 = np.zeros(1, np.int64)
+        self._px1, self._py1 = self._x1.ctypes.data, self._y1.ctypes.data
         self.input_shape: tuple[int | None, ...] = (None, program.obs_size)
         self.input_dtype = np.dtype(np.float32)
         self.runtime = f"c {self.built_by.split()[0]}"
         self.threads = threads  # one thread: the C code is single-threaded by design
 
     def run(self, obs: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(obs, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != self.obs_size:
-            x = x.reshape(len(x), -1)
-            if x.shape[1] != self.obs_size:
-                raise QuarlError(
-                    f"the C model takes {self.obs_size} values per observation, not {x.shape[1]}"
-                )
+        if getattr(obs, "shape", None) == self._shape1:  # one observation: the control loop's call
+            # into buffers made at load, passed by address: numpy's per-call pointer lookups cost more
+            # than the policy itself (measured: __array_interface__ 2.2 us, the C call 0.9 us here)
+            self._x1[...] = obs
+            if self.discrete:
+                self._a1[0] = self._one(self._px1)
+                return self._a1.copy()
+            self._one(self._px1, self._py1)
+            return self._y1.copy()
+        x = np.ascontiguousarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        if x.shape[1] != self.obs_size:
+            raise QuarlError(f"the C model takes {self.obs_size} values per observation, not {x.shape[1]}")
         n = len(x)
-        xp = x.__array_interface__["data"][0]
         if self.discrete:
-            if n == 1:
-                return np.array([self._one(xp)], np.int64)
             out = np.empty(n, np.intc)
-            self._batch(xp, n, out.__array_interface__["data"][0])
+            self._batch(x.ctypes.data, n, out.ctypes.data)
             return out.astype(np.int64)
         y = np.empty((n, self.action_size), np.float32)
-        if n == 1:
-            self._one(xp, y.__array_interface__["data"][0])
-        else:
-            self._batch(xp, n, y.__array_interface__["data"][0])
+        self._batch(x.ctypes.data, n, y.ctypes.data)
         return y
 
 
