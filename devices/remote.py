@@ -234,16 +234,23 @@ class SSHTransport:
             answer = {}
         if not isinstance(answer, dict):
             answer = {}
-        if answer.get("event") == "error":
-            raise QuarlError(
-                f"{self.profile.name} refused to {what}: {str(answer.get('message'))[:400]}",
-                "the device checks every bundle it receives; see the message",
-            )
+        if answer.get("event") == "error":  # the device's message names the problem and the fix
+            raise QuarlError(f"{self.profile.name} refused to {what}: {str(answer.get('message'))[:500]}")
         if r.exit_status != 0 or not answer:
             tail = (r.stderr.strip().splitlines() or [f"exit code {r.exit_status}"])[-1]
             raise SSHError(f"could not {what} on {self.profile.name}: {tail[-300:]}",
                            f"check the device with `quarl-edge devices check {self.profile.name}`")  # fmt: skip
         return answer
+
+    def home(self) -> str:
+        """The login directory on the device, absolute (a path printed for Python there cannot use ``~``)."""
+        self.connect()
+        r = self.ssh.run('printf %s "$HOME"', timeout=self.profile.connect_timeout + 30)
+        home = r.stdout.rstrip("/") or "/"
+        if r.exit_status != 0 or not home.startswith("/") or len(home) > 4096 or not home.isprintable():
+            raise SSHError(f"{self.profile.name} did not tell its home folder ($HOME: {home[:80]!r})",
+                           "set HOME for the SSH user on the device")  # fmt: skip
+        return home
 
     def _device_facts(self) -> dict[str, Any]:
         # the first runner command of a session: it also removes what cut uploads left in the cache

@@ -213,7 +213,10 @@ def _pid_gone(pid: int) -> bool:
         return True
     except (PermissionError, OverflowError):
         return False  # another user's process, or not a PID: not ours to judge
-    return False
+    try:  # a killed receiver whose parent died with the session waits as a zombie until init reaps it
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def clean_folder(folder: Path, started: float) -> list[str]:
