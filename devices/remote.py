@@ -36,7 +36,8 @@ from quarl_edge.runtimes.board import COMPLETE, stream_bundle
 from quarl_edge.runtimes.bundlepath import read_file
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_bytes, sha256_file
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, SIGNATURE_NAME, bundle_files, load_manifest
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, bundle_files, load_manifest
+from quarl_edge.runtimes.signing import SIGNATURE_NAME, TRUST_FILE, check_signature, parse_public_line
 
 Event = dict[str, Any]
 MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
@@ -77,6 +78,7 @@ class SSHTransport:
         self.bundles: dict[Path, CachedBundle] = {}
         self.traces: dict[Path, str] = {}
         self.device_facts: dict[str, Any] = {}
+        self._board_keys: dict[str, str] | None = None
         self.harness: dict[str, Any] = {
             "transport": "ssh",
             "connect_s": None,
@@ -120,7 +122,8 @@ class SSHTransport:
         self.connect()
         wanted: list[tuple[str, str]] = []  # (kind, remote path to probe)
         if bundle is not None and Path(bundle) not in self.bundles:
-            cb = self._describe(Path(bundle))
+            cb = self.describe(Path(bundle))
+            self.check_trust(cb)
             self.bundles[Path(bundle)] = cb
             wanted.append(("bundle", cb.remote))
         if trace is not None and Path(trace) not in self.traces:
@@ -160,7 +163,8 @@ class SSHTransport:
             return sum((cb.local / rel).stat().st_size for rel in cb.files)
         return next(p for p, rr in self.traces.items() if rr == remote).stat().st_size
 
-    def _describe(self, bundle: Path) -> CachedBundle:
+    def describe(self, bundle: Path) -> CachedBundle:
+        """What the bundle is in the device's cache: its key, files and hashes (paths checked, no link)."""
         manifest = load_manifest(bundle, verify=False)  # every path plain, no link anywhere in it
         files = bundle_files(manifest)
         sha = sha256_bytes(read_file(bundle, MANIFEST_NAME, MAX_BUNDLE_FILE))
@@ -170,6 +174,26 @@ class SSHTransport:
             sig = sha256_bytes(read_file(bundle, SIGNATURE_NAME, MAX_BUNDLE_FILE))
         key = f"{sha}-{sig[:16]}" if sig else sha
         return CachedBundle(bundle, f"{self.cache}/bundles/{key}", tuple(files), sha, sig)
+
+    def board_keys(self) -> dict[str, str]:
+        """The signing keys the device trusts (its ~/.config/quarl-edge/trusted_keys), read once."""
+        if self._board_keys is None:
+            r = self.ssh.run(f'cat -- "$HOME"/{shlex.quote(TRUST_FILE)} 2>/dev/null || true')
+            keys: dict[str, str] = {}
+            for i, line in enumerate(r.stdout.splitlines()[:1000], 1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    fp, key = parse_public_line(line, f"line {i} of {self.profile.name}:~/{TRUST_FILE}")
+                    keys[fp] = key
+            self._board_keys = keys
+        return self._board_keys
+
+    def check_trust(self, cb: CachedBundle) -> None:
+        """A board that trusts keys takes signed bundles only: refuse others here, before uploading.
+        The board checks again itself (runtimes/board.py, the runner, load_policy): it is the authority."""
+        keys = self.board_keys()
+        if keys:
+            data = read_file(cb.local, MANIFEST_NAME, MAX_BUNDLE_FILE)
+            check_signature(cb.local, data, True, trusted=keys, machine=self.profile.name)
 
     def _exists(self, paths: list[str]) -> dict[str, bool]:
         script = "; ".join(f"if [ -e {shlex.quote(p)} ]; then echo 1; else echo 0; fi" for p in paths)

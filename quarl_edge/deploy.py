@@ -94,6 +94,7 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
         home = t.home()
         link = f"{home}/{DEPLOYED}/{name}"
         _refuse_a_real_folder(t, link)  # before anything is uploaded; `name` checks again, atomically
+        t.check_trust(t.describe(Path(bundle)))  # a board that trusts keys: signed by one, or nothing goes up
         log(f"checking {profile.name} and uploading the bundle (cached by hash)")
         t.prepare(
             bundle, preflight=lambda facts, n: check_ready(manifest, facts, profile.name, [entry.name], 0, n)

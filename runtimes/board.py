@@ -32,13 +32,13 @@ from .bundlepath import entries, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError, QuarlError
 from .fsutil import STALE_AFTER_S, temp_prefix
 from .manifest import (
-    SIGNATURE_NAME,
     bundle_files,
     check_plain,
     parse_manifest,
     read_manifest_bytes,
     verify_files,
 )
+from .signing import SIGNATURE_NAME, check_signature
 
 COMPLETE = ".complete"
 """written last into a cached bundle: the folder is whole and verified"""
@@ -76,6 +76,7 @@ def verify_cached(bundle: Path, manifest_sha256: str, signature_sha256: str | No
         )
     manifest = parse_manifest(data, bundle)
     check_plain(bundle)
+    signed_by = check_signature(bundle, data)  # when this board trusts keys, only their signatures pass
     verify_files(bundle, manifest)
     named = set(bundle_files(manifest))
     allowed = named | {COMPLETE} | {f.rsplit("/", i)[0] for f in named for i in range(1, f.count("/") + 1)}
@@ -89,7 +90,7 @@ def verify_cached(bundle: Path, manifest_sha256: str, signature_sha256: str | No
         raise IntegrityError(
             f"the board's copy {str(bundle)!r} holds {extra!r}, which its manifest does not name", FIX
         )
-    return {"manifest_sha256": actual, "files": len(named)}
+    return {"manifest_sha256": actual, "files": len(named), "signed_by": signed_by}
 
 
 class _HungUp(Exception):

@@ -14,11 +14,10 @@ from . import schema
 from .artifact import MAX_JSON_BYTES, parse_artifact
 from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
+from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
 
 MANIFEST_NAME = "manifest.json"
-SIGNATURE_NAME = "manifest.sig"
-"""the ed25519 signature of manifest.json (runtimes/signing.py); not named in the manifest it signs"""
 RESERVED = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
 BUNDLE_FORMAT = "quarl-edge/bundle"
 BUNDLE_VERSION = 1
@@ -208,14 +207,19 @@ def parse_manifest(data: bytes, bundle: str | Path) -> Manifest:
     return Manifest.from_dict(doc)
 
 
-def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] | None = None) -> Manifest:
+def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] | None = None,
+                  require_signature: bool = False) -> Manifest:  # fmt: skip
     """Read ``bundle/manifest.json`` and check the sha256 of every file it names (or of ``models``).
 
-    Whatever ``verify`` says, every path the manifest names is a plain relative path and nothing in
-    the bundle is a symlink (runtimes/bundlepath.py)."""
+    Whatever ``verify`` says, every path the manifest names is a plain relative path, nothing in the
+    bundle is a symlink (runtimes/bundlepath.py), and when ``require_signature`` or this machine
+    trusts signing keys (runtimes/signing.py), manifest.sig is a trusted key's signature of the very
+    bytes parsed here."""
     bundle = Path(bundle)
-    manifest = parse_manifest(read_manifest_bytes(bundle), bundle)
+    data = read_manifest_bytes(bundle)
+    manifest = parse_manifest(data, bundle)
     check_plain(bundle)
+    check_signature(bundle, data, require_signature)
     if verify:
         verify_files(bundle, manifest, models)
     return manifest

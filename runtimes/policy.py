@@ -268,19 +268,26 @@ def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[M
 
 
 def load_policy(
-    bundle: str | Path, model: str | None = None, threads: int = 1, *, warmup: int = WARMUP_CALLS
+    bundle: str | Path,
+    model: str | None = None,
+    threads: int = 1,
+    *,
+    warmup: int = WARMUP_CALLS,
+    require_signature: bool = False,
 ) -> Policy:
     """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
     with ``threads`` threads, and warmed up with ``warmup`` inferences on a zero observation.
 
     ``model``: a model name of the bundle; default: the model `quarl-edge tune` chose when the bundle
     is tune's, else the bundle's only model besides the fp32 reference (a bundle with several needs
-    ``model=``). Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix.
+    ``model=``). ``require_signature``: refuse a bundle that is not signed by a key this machine
+    trusts (a machine with trusted keys requires that anyway: docs/runtime.md). Errors are
+    ``QuarlError``s whose ``str()`` is one line: the problem and the fix.
     """
     bundle = Path(bundle)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise InputError(f"warmup must be an integer >= 0 (got {warmup!r})", f"e.g. warmup={WARMUP_CALLS}")
-    manifest = load_manifest(bundle, verify=False)
+    manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
     entry, why = choose_model(manifest, model, bundle)
     verify_model(bundle, entry)
     policy = Policy(bundle, manifest, entry, threads, chosen_by=why)

@@ -520,4 +520,4 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = f"int8 $(touch {token}-6);'"
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="model name .* is not a safe name"):
-        SSHTransport(load_profile("evil"))._describe(bundle)
+        SSHTransport(load_profile("evil")).describe(bundle)
