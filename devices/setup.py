@@ -149,17 +149,19 @@ def setup_device(
     spec = wh.WheelhouseSpec(  # cryptography: the board can check signed bundles (devices trust-key)
         arch=arch, python_version=python_version, packages=wh.RUNTIME_PACKAGES + (SIGNING_PACKAGE,) + packages
     )
+    # left out where the board has no wheel for it, or a carried wheelhouse lacks it: the board then
+    # gets its runtimes and cannot require signatures
+    optional = wh.OPTIONAL_PACKAGES | {SIGNING_PACKAGE}
     pins: list[wh.Pin] | None = None
     with open_device(name) as (shell, venv):  # a bad name fails before any download
         given = wh.resolve(spec, wheelhouse_dir, download_missing=False)
         if given:  # carried to an offline host: install what is there, import what it provides
             have = wh.wheel_versions(given)
-            optional = wh.OPTIONAL_PACKAGES | {SIGNING_PACKAGE}  # a wheelhouse made before it was asked for
             spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=tuple(
                 p for p in spec.packages if wh.canonical(wh.requirement_name(p)) in have or p not in optional
             ))  # fmt: skip
         else:  # the host's versions where the device has wheels for them, else the newest that do
-            spec, pins = wh.platform_pinned(spec)
+            spec, pins = wh.platform_pinned(spec, optional=optional)
             for p in pins:
                 if p.version != p.host:
                     log(f"{p.name}: {p.version or 'left out'} ({p.reason})")

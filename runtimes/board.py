@@ -115,18 +115,14 @@ def _hang_up_raises() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _read_exact(stream: IO[bytes], n: int, out: IO[bytes] | None, rel: str) -> bytes:
-    got, kept = 0, []
+def _copy_exact(stream: IO[bytes], n: int, out: IO[bytes], rel: str) -> None:
+    got = 0
     while got < n:
         block = stream.read(min(_CHUNK, n - got))
         if not block:
             raise IntegrityError(f"the upload was cut: {got} of {n} bytes of {rel!r} arrived", FIX)
         got += len(block)
-        if out is None:
-            kept.append(block)
-        else:
-            out.write(block)
-    return b"".join(kept)
+        out.write(block)
 
 
 def _header(stream: IO[bytes]) -> dict[str, Any]:
@@ -162,7 +158,7 @@ def _receive_into(tmp: Path, stream: IO[bytes]) -> list[str]:
         target = tmp / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "xb") as out:
-            _read_exact(stream, size, out, rel)
+            _copy_exact(stream, size, out, rel)
         received.append(rel)
 
 
@@ -222,8 +218,9 @@ def _pid_gone(pid: int) -> bool:
 
 def clean_folder(folder: Path, started: float) -> list[str]:
     """Remove this user's temporary entries in ``folder`` left by a session that is over: a PID-named
-    one whose process is gone and that is older than ``started`` (this run's start), or any one older
-    than fsutil.STALE_AFTER_S. A link is removed as a link, never followed. Returns the names removed."""
+    one whose process is gone and that is older than ``started`` (this run's start), or one of an
+    earlier version's names older than fsutil.STALE_AFTER_S. A link is removed as a link, never
+    followed. Returns the names removed."""
     removed: list[str] = []
     if folder.is_symlink() or not folder.is_dir():
         return removed
@@ -238,8 +235,11 @@ def clean_folder(folder: Path, started: float) -> list[str]:
             continue
         if st.st_uid != os.getuid():
             continue
-        dead = m is not None and st.st_mtime < started and _pid_gone(int(m.group("pid")))
-        if dead or now - st.st_mtime > STALE_AFTER_S:
+        if m is not None:  # its writer's PID decides: gone, and the entry older than this run
+            over = st.st_mtime < started and _pid_gone(int(m.group("pid")))
+        else:  # an earlier version's name, without a PID: only hours of age tell
+            over = now - st.st_mtime > STALE_AFTER_S
+        if over:
             if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(e, ignore_errors=True)
             else:
