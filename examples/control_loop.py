@@ -38,10 +38,13 @@ class LoopResult:
     """the slowest act() + env.step"""
     model: str
     runtime: str
+    threads: int
     first_call_ms: float | None
+    out_of_range: int
+    """observations outside the bundle's calibration range (policy.stats)"""
 
 
-def run(bundle: str, hz: float, steps: int, model: str | None, threads: int, seed: int) -> LoopResult:
+def run(bundle: str, hz: float, steps: int, model: str | None, threads: int | str, seed: int) -> LoopResult:
     policy = load_policy(bundle, model=model, threads=threads)  # verified and warmed up
     env = policy.make_env()
     period = round(1e9 / hz)
@@ -89,7 +92,9 @@ def run(bundle: str, hz: float, steps: int, model: str | None, threads: int, see
         step_max_us=float(step_ns.max() / 1e3),
         model=info.model,
         runtime=f"{info.runtime} {info.runtime_version}".strip(),
+        threads=info.threads,
         first_call_ms=info.first_call_ms,
+        out_of_range=policy.stats.out_of_range,
     )
 
 
@@ -99,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hz", type=float, default=50.0, help="control rate (steps per second)")
     p.add_argument("--steps", type=int, default=1000, help="control steps to run")
     p.add_argument("--model", default=None, help="model name (default: tune's choice or the only one)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--threads", type=int, default=None, help="default: tune's count for a tuned bundle, else 1"
+    )
     p.add_argument("--seed", type=int, default=0, help="the first episode's seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
@@ -108,14 +115,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        r = run(args.bundle, args.hz, args.steps, args.model, args.threads, args.seed)
+        threads = "tune" if args.threads is None else args.threads
+        r = run(args.bundle, args.hz, args.steps, args.model, threads, args.seed)
     except QuarlError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     if args.json:
         print(json.dumps(asdict(r)))
         return 0
-    print(f"{r.model} ({r.runtime}) at {r.hz:g} Hz: {r.steps} steps, {r.episodes} episodes ended")
+    print(f"{r.model} ({r.runtime}, {r.threads} thread(s)) at {r.hz:g} Hz: {r.steps} steps, "
+          f"{r.episodes} episodes ended, {r.out_of_range} observations outside the calibration range")  # fmt: skip
     print(f"overruns (act + env.step > {1e6 / r.hz:.0f} us): {r.overruns} of {r.steps}")
     print(f"act() latency: p50 {r.act_p50_us:.1f} us, p99 {r.act_p99_us:.1f} us, max {r.act_max_us:.1f} us "
           f"(first call after load {r.first_call_ms or 0:.2f} ms, then warmed up)")  # fmt: skip

@@ -23,6 +23,7 @@ from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
+from quarl_edge.runtimes.envs import split_wrappers
 from quarl_edge.runtimes.errors import InputError, Interrupted
 from quarl_edge.runtimes.fsutil import (
     atomic_directory,
@@ -32,6 +33,7 @@ from quarl_edge.runtimes.fsutil import (
     sha256_file,
     temp_dir_prefix,
 )
+from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
@@ -170,6 +172,10 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             "episodes": calib.episodes,
             "env_id": calib.meta.get("env_id"),
         }
+        # per feature of the env's observation: what the runtime's out-of-range monitoring compares against
+        obs_range = calibration_range(calib_obs, stack_dims=len(split_wrappers(policy.spec.env)[1]))
+        if obs_range is not None:
+            calibration["range"] = obs_range
         manifest = Manifest(
             policy=policy.spec,
             models=tuple(entries),

@@ -9,14 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .inputs import PolicyStats
+    from .onnx import OrtOptions
     from .policy import Policy, PolicyInfo, load_policy
+    from .selection import DeviceMismatchWarning
 
-__all__ = ["Policy", "PolicyInfo", "load_policy"]
+__all__ = ["DeviceMismatchWarning", "OrtOptions", "Policy", "PolicyInfo", "PolicyStats", "load_policy"]
+_HOMES = {"PolicyStats": "inputs", "OrtOptions": "onnx", "DeviceMismatchWarning": "selection"}
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import policy
+        import importlib
 
-        return getattr(policy, name)
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES.get(name, 'policy')}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

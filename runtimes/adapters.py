@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,8 +26,13 @@ class ModelSession(Protocol):
         ...
 
 
-AdapterFactory = Callable[[Path, int], ModelSession]
+AdapterFactory = Callable[[Path, int, Any], ModelSession]
+"""(model file, threads, the runtime's session options or None) -> session"""
 ADAPTERS: dict[str, AdapterFactory] = {}
+
+MAX_THREADS = 256
+"""the most threads a model is opened with, oversubscribed or not: ONNX Runtime segfaults creating a
+million threads and raises a traceback at 2**31"""
 
 
 def register(fmt: str) -> Callable[[AdapterFactory], AdapterFactory]:
@@ -38,16 +43,17 @@ def register(fmt: str) -> Callable[[AdapterFactory], AdapterFactory]:
     return deco
 
 
-def open_model(path: str | Path, fmt: str, threads: int = 1) -> ModelSession:
+def open_model(path: str | Path, fmt: str, threads: int = 1, options: Any = None) -> ModelSession:
     _load_builtin_adapters()
     factory = ADAPTERS.get(fmt)
     if factory is None:
         raise InputError(
             f"no runtime adapter for format {fmt!r}", f"known formats: {', '.join(sorted(ADAPTERS))}"
         )
-    if threads < 1:
-        raise InputError(f"threads must be at least 1 (got {threads})", "pass --threads 1 or more")
-    return factory(Path(path), threads)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be an integer from 1 to {MAX_THREADS} (got {str(threads)[:24]})",
+                         "pass --threads 1 or more, up to the device's cores")  # fmt: skip
+    return factory(Path(path), threads, options)
 
 
 def check_input(session: ModelSession, obs_space: SpaceSpec, path: Path) -> None:

@@ -8,7 +8,12 @@ zero point the file states, so callers never see the difference.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .adapters import register
-from .errors import IntegrityError, MissingDependencyError
+from .errors import InputError, IntegrityError, MissingDependencyError
 
 INSTALL = "install one with: pip install ai-edge-litert (or tflite-runtime on boards it has no wheel for)"
 
@@ -51,6 +56,35 @@ def interpreter_class() -> tuple[Any, str]:
     raise MissingDependencyError("no TFLite runtime is installed", INSTALL)
 
 
+@contextlib.contextmanager
+def _without_info_lines() -> Iterator[None]:
+    """LiteRT's C++ side writes ``INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`` straight to
+    the process's stderr (fd 2) in ``allocate_tensors``; no interpreter option turns it off, and
+    TF_CPP_MIN_LOG_LEVEL does not reach TFLite's own logger (tried: ai-edge-litert 2.3 prints it at every
+    level). So, during load only, fd 2 points at a temporary file, and whatever landed there except
+    ``INFO:`` lines (warnings, errors, another thread's output) is written back to stderr afterwards."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (a daemon): nothing to silence
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [
+                line for line in tmp.read(1 << 20).splitlines(keepends=True) if not line.startswith(b"INFO: ")
+            ]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def _quant(d: dict[str, Any]) -> tuple[float, int] | None:
     """(scale, zero point) of a per-tensor quantized int8/uint8 tensor, else None (raw uint8 frames)."""
     if np.dtype(d["dtype"]) not in (np.dtype(np.int8), np.dtype(np.uint8)):
@@ -65,8 +99,9 @@ class LiteRTSession:
     def __init__(self, path: Path, threads: int = 1) -> None:
         interpreter, self.runtime = interpreter_class()
         try:
-            self._interp = interpreter(model_path=str(path), num_threads=threads)
-            self._interp.allocate_tensors()
+            with _without_info_lines():
+                self._interp = interpreter(model_path=str(path), num_threads=threads)
+                self._interp.allocate_tensors()
         except (ValueError, RuntimeError) as e:  # bad flatbuffer: "model identifier", verifier errors
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise IntegrityError(
@@ -124,5 +159,8 @@ class LiteRTSession:
 
 
 @register("tflite")
-def _open(path: Path, threads: int) -> LiteRTSession:
+def _open(path: Path, threads: int, options: Any = None) -> LiteRTSession:
+    if options is not None:
+        raise InputError("session options are ONNX Runtime's; this model runs on LiteRT",
+                         "drop session_options, or load an ONNX model of the bundle")  # fmt: skip
     return LiteRTSession(path, threads)

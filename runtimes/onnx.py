@@ -1,13 +1,75 @@
-"""ONNX Runtime adapter (CPU execution provider, explicit thread count)."""
+"""ONNX Runtime adapter (CPU execution provider by default, explicit thread count) and its session
+options (``OrtOptions``: graph optimization level, providers, session config entries)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .adapters import register
-from .errors import IntegrityError, MissingDependencyError
+from .errors import InputError, IntegrityError, MissingDependencyError
+
+GRAPH_OPTIMIZATION_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
+OPTIONS_FIX = "see docs/runtime.md (session options)"
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """ONNX Runtime session options for ``load_policy(..., session_options=...)``. The thread count is
+    ``load_policy``'s ``threads`` (bounded by the device's cores), not an option here."""
+
+    graph_optimization_level: str = "all"
+    """``disable``, ``basic``, ``extended``, ``layout`` or ``all`` (ORT's ``GraphOptimizationLevel``)"""
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    """execution providers in order of preference; each must be one this onnxruntime has"""
+    config: Mapping[str, str] = field(default_factory=dict)
+    """session config entries passed as given (``SessionOptions.add_session_config_entry``), e.g.
+    ``{"session.intra_op.allow_spinning": "0"}``: ORT's own keys, not checked by quarl-edge"""
+
+    def __post_init__(self) -> None:
+        if self.graph_optimization_level not in GRAPH_OPTIMIZATION_LEVELS:
+            raise InputError(f"graph_optimization_level {str(self.graph_optimization_level)[:40]!r} is not one of "
+                             f"{', '.join(GRAPH_OPTIMIZATION_LEVELS)}", "e.g. graph_optimization_level='all'")  # fmt: skip
+        providers = self.providers
+        if isinstance(providers, str) or not isinstance(providers, tuple | list) or not providers or not all(
+            isinstance(p, str) and 0 < len(p) <= 64 for p in providers
+        ):  # fmt: skip
+            raise InputError("providers is not a non-empty list of provider names",
+                             "e.g. providers=('CPUExecutionProvider',)")  # fmt: skip
+        object.__setattr__(self, "providers", tuple(providers))
+        config = self.config
+        if not isinstance(config, Mapping) or len(config) > 64 or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 256 and len(v) <= 256 for k, v in config.items()
+        ):  # fmt: skip
+            raise InputError("session config is not a mapping of at most 64 string keys to string values",
+                             "e.g. config={'session.intra_op.allow_spinning': '0'}")  # fmt: skip
+        object.__setattr__(self, "config", dict(config))
+
+    @classmethod
+    def of(cls, options: OrtOptions | Mapping[str, Any] | None) -> OrtOptions | None:
+        """``options`` as OrtOptions: a dict of its fields is accepted; an unknown key is refused."""
+        if options is None or isinstance(options, OrtOptions):
+            return options
+        if not isinstance(options, Mapping):
+            raise InputError(f"session_options of type {type(options).__name__} is not OrtOptions or a dict",
+                             "e.g. session_options=OrtOptions(graph_optimization_level='basic') or "
+                             "session_options={'graph_optimization_level': 'basic'}")  # fmt: skip
+        known = [f.name for f in fields(cls)]
+        unknown = [str(k)[:40] for k in options if k not in known]
+        if unknown:
+            raise InputError(f"unknown session option {unknown[0]!r}", f"known: {', '.join(known)}")
+        return cls(**options)
+
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -31,7 +93,8 @@ def precise_int8(opts: object) -> None:
 class OnnxSession:
     format = "onnx"
 
-    def __init__(self, path: Path, threads: int = 1) -> None:
+    def __init__(self, path: Path, threads: int = 1, options: OrtOptions | None = None) -> None:
+        options = options or OrtOptions()
         try:
             import onnxruntime as ort
         except ImportError:
@@ -42,13 +105,26 @@ class OnnxSession:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        level = getattr(
+            ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[options.graph_optimization_level], None
+        )
+        if level is None:
+            raise InputError(f"onnxruntime {ort.__version__} has no graph optimization level "
+                             f"{options.graph_optimization_level!r}", "use 'all', 'extended', 'basic' or 'disable'")  # fmt: skip
+        opts.graph_optimization_level = level
         opts.log_severity_level = 3
         precise_int8(opts)
+        for key, value in options.config.items():
+            opts.add_session_config_entry(key, value)
+        available = ort.get_available_providers()
+        missing = [p for p in options.providers if p not in available]
+        if missing:
+            raise InputError(f"onnxruntime {ort.__version__} here has no provider {missing[0][:64]!r}",
+                             f"providers it has: {', '.join(available)}")  # fmt: skip
         try:
             # from the bytes, not the path: with no model path ORT cannot follow external-data references
             # to files the manifest does not hash, so a model runs only what was verified
-            self._sess = ort.InferenceSession(path.read_bytes(), opts, providers=["CPUExecutionProvider"])
+            self._sess = ort.InferenceSession(path.read_bytes(), opts, providers=list(options.providers))
         except Exception as e:  # ORT raises its own pybind exception types for bad files
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise IntegrityError(
@@ -67,5 +143,5 @@ class OnnxSession:
 
 
 @register("onnx")
-def _open(path: Path, threads: int) -> OnnxSession:
-    return OnnxSession(path, threads)
+def _open(path: Path, threads: int, options: Any = None) -> OnnxSession:
+    return OnnxSession(path, threads, options)

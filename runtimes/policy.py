@@ -4,6 +4,8 @@
     policy = load_policy("bundles/cartpole-ppo")   # hashes verified, warmed up
     policy.reset()                                  # at every episode start
     action = policy.act(obs)                        # the env's observation in, the env's action out
+    actions = policy.act_batch(observations)        # N environments at once (a VecEnv's observations)
+    policy.stats                                    # what act() was given: refused, NaN/inf, out of range
 
 Device side: numpy and the model's runtime only (never torch or TensorFlow). The bench runner's
 closed-loop episodes go through this same ``Policy.act`` (runtimes.runner), so what a bench measured is
@@ -12,10 +14,12 @@ what a control loop runs.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -24,7 +28,18 @@ from .adapters import ModelSession, check_input, open_model
 from .envs import bounds, make_env, split_wrappers
 from .errors import InputError
 from .fsutil import sha256_file
+from .inputs import (
+    ON_NONFINITE,
+    ON_OUT_OF_RANGE,
+    CalibrationRange,
+    InputGuard,
+    OnNonfinite,
+    OnOutOfRange,
+    PolicyStats,
+)
 from .manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest, model_path, verify_model
+from .onnx import OrtOptions
+from .selection import check_device, choose_model, fp32_model, resolve_threads
 from .spec import EnvConfig, WrapperConfig
 
 Action = int | np.ndarray
@@ -49,6 +64,8 @@ class PolicyInfo:
     """e.g. ``onnxruntime``, ``ai-edge-litert``"""
     runtime_version: str
     threads: int
+    threads_from: str
+    """``argument`` (threads=N), ``tune`` (the bundle's tune block, threads="tune"), ``default`` (1)"""
     file: str
     sha256: str
     """of the model file, checked against the manifest at load"""
@@ -75,6 +92,12 @@ class PolicyInfo:
     """the first inference after load (None: not run yet, ``warmup=0``)"""
     warmup_ms: tuple[float, ...]
     """every warm-up inference, in order; the first is the first call"""
+    on_nonfinite: str
+    on_out_of_range: str
+    fp32_model: str | None
+    """the model that answers out-of-range observations (``on_out_of_range="fp32"``), else None"""
+    device: str | None
+    """the device named at load (``device=`` or $QUARL_EDGE_DEVICE), else None"""
 
 
 class FrameStack:
@@ -135,23 +158,54 @@ class Policy:
         entry: ModelEntry,
         threads: int = 1,
         chosen_by: str = "argument",
+        *,
+        on_nonfinite: OnNonfinite = "raise",
+        on_out_of_range: OnOutOfRange = "count",
+        session_options: OrtOptions | None = None,
+        threads_from: str = "argument",
+        device: str | None = None,
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int):
-            raise InputError(f"threads must be an integer (got {threads!r})", "e.g. threads=1")
+            raise InputError(f"threads must be an integer (got {str(threads)[:24]!r})", "e.g. threads=1")
+        if on_nonfinite not in ON_NONFINITE:
+            raise InputError(f"on_nonfinite {str(on_nonfinite)[:40]!r} is not one of {', '.join(ON_NONFINITE)}",
+                             "e.g. on_nonfinite='hold'")  # fmt: skip
+        if on_out_of_range not in ON_OUT_OF_RANGE:
+            raise InputError(f"on_out_of_range {str(on_out_of_range)[:40]!r} is not one of "
+                             f"{', '.join(ON_OUT_OF_RANGE)}", "e.g. on_out_of_range='count'")  # fmt: skip
         self.bundle, self.manifest, self.entry, self.threads = Path(bundle), manifest, entry, threads
         self.spec = manifest.policy
-        self.chosen_by = chosen_by
-        path = model_path(self.bundle, entry)
-        t0 = time.perf_counter_ns()
-        self.session: ModelSession = open_model(path, entry.format, threads)
-        self.load_ns = time.perf_counter_ns() - t0
-        check_input(self.session, self.spec.observation_space, path)
+        self.chosen_by, self.threads_from, self.device = chosen_by, threads_from, device
+        self.on_nonfinite, self.on_out_of_range = on_nonfinite, on_out_of_range
+        self.model_input_shape = tuple(self.spec.observation_space.shape)
         self.env_config: EnvConfig
         self.env_config, stack_wrappers = split_wrappers(self.spec.env)
         self._stacks = _frame_stacks(stack_wrappers, self.spec.observation_space)
-        self.model_input_shape = tuple(self.spec.observation_space.shape)
         self.observation_shape = self.model_input_shape[len(self._stacks) :]
+        rng = CalibrationRange.from_manifest(manifest.calibration, self.observation_shape)
+        if on_out_of_range != "count" and rng is None:
+            raise InputError(f"on_out_of_range={on_out_of_range!r} needs the calibration range, and this bundle "
+                             "records none", "re-export it with this quarl-edge, or use on_out_of_range='count'")  # fmt: skip
+        self._guard = InputGuard(self.spec.observation_space, self.observation_shape, rng)
+        fp32 = fp32_model(manifest, entry) if on_out_of_range == "fp32" else None
+        path = model_path(self.bundle, entry)
+        t0 = time.perf_counter_ns()
+        self.session: ModelSession = open_model(path, entry.format, threads, session_options)
+        self.load_ns = time.perf_counter_ns() - t0
+        check_input(self.session, self.spec.observation_space, path)
+        self.fp32_entry = fp32
+        self._fp32: ModelSession | None = None
+        if fp32 is not None:  # opened now: the first out-of-range step must not pay for a load
+            if fp32 is entry:
+                self._fp32 = self.session
+            else:
+                fp32_path = verify_model(self.bundle, fp32)
+                options = session_options if fp32.format == entry.format else None
+                self._fp32 = open_model(fp32_path, fp32.format, threads, options)
+                check_input(self._fp32, self.spec.observation_space, fp32_path)
         self._discrete = self.spec.action_space.is_discrete
+        self._last: Action | None = None
+        self._last_batch: np.ndarray | None = None
         self.first_call_ns: int | None = None
         self.warmup_ns: tuple[int, ...] = ()
         self._manifest_sha256 = sha256_file(self.bundle / MANIFEST_NAME)
@@ -159,30 +213,146 @@ class Policy:
     # -- the control loop ---------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Start a new episode: forget the observations of the last one (the frame stack)."""
+        """Start a new episode: forget the observations of the last one (the frame stack) and its last
+        action (``on_nonfinite="hold"`` never carries an action into a new episode)."""
         for s in self._stacks:
             s.reset()
+        self._last = None
 
     def act(self, obs: ArrayLike) -> Action:
         """The environment action for the environment's observation (one per step, in order: the
-        policy stacks frames itself). ``obs`` is an observation of ``make_env()``'s environment."""
-        x = np.asarray(obs)
-        if x.shape != self.observation_shape:
-            raise InputError(
-                f"observation of shape {list(x.shape)}, the policy takes {list(self.observation_shape)}",
-                "pass one observation of the environment policy.make_env() builds",
-            )
+        policy stacks frames itself). ``obs`` is an observation of ``make_env()``'s environment, checked
+        first (docs/runtime.md, the input contract): an InputError when it cannot be used as given."""
+        g = self._guard
+        x = g.array(obs, self.observation_shape)
+        session = None
+        if not g.ok(x):  # NaN/inf, or outside the calibration range: decided per on_nonfinite/on_out_of_range
+            y, session = self._off_nominal(x)
+            if y is None:
+                return self._hold()
+            x = y
         for s in self._stacks:
             x = s.push(x)
-        return self.act_on_input(x)
+        out = (self.run_batch(x[None]) if session is None else session.run(x[None]))[0]  # _action, inlined
+        action: Action = int(out) if self._discrete else out.astype(np.float32)
+        self._last = action
+        return action
 
-    def act_on_input(self, x: ArrayLike) -> Action:
-        """The action for one model input (frames already stacked, as the observations of a trace)."""
-        out = self.run_batch(np.asarray(x)[None])[0]
-        return int(out) if self._discrete else out.astype(np.float32)
+    def act_on_input(self, model_input: ArrayLike) -> Action:
+        """The action for one model input (frames already stacked, as the observations of a trace),
+        checked as ``act`` checks an observation; the policy's own frame stack is not used."""
+        g = self._guard
+        x = g.array(model_input, self.model_input_shape, "model input")
+        session = None
+        if not g.ok_all(x):
+            y, session = self._off_nominal(x)
+            if y is None:
+                return self._hold()
+            x = y
+        return self._action(x, session)
+
+    def act_batch(self, obs: ArrayLike) -> np.ndarray:
+        """The actions for N model inputs at once (``obs[N, ...]``, e.g. a VecEnv's observations), the
+        same as N ``act_on_input`` calls, in one inference: an int64 array ``[N]`` for a discrete action
+        space, float32 ``[N, *action_shape]`` for a continuous one. Every row is checked as ``act``
+        checks an observation. The policy's own frame stack is not used: for a frame-stacked policy each
+        row is a stacked observation (as a VecFrameStack gives). Under ``on_nonfinite="hold"`` a row with
+        NaN/inf gets that row's action of the previous batch (of the same N)."""
+        g = self._guard
+        x = g.array(obs, self.model_input_shape, "batch", batch=True)
+        n = x.shape[0]
+        if n == 0:
+            return np.empty((0, *self._action_shape()), self._action_dtype())
+        if g.ok_all(x):
+            out = self._actions(self.run_batch(x), n)
+        else:
+            out = self._off_nominal_batch(x, n)
+        self._last_batch = out
+        return out
+
+    def _action(self, x: np.ndarray, session: ModelSession | None) -> Action:
+        out = (self.run_batch(x[None]) if session is None else session.run(x[None]))[0]
+        action: Action = int(out) if self._discrete else out.astype(np.float32)
+        self._last = action
+        return action
+
+    def _hold(self) -> Action:
+        self._guard.held += 1
+        last = self._last
+        return last.copy() if isinstance(last, np.ndarray) else last  # type: ignore[return-value]
+
+    def _off_nominal(self, x: np.ndarray) -> tuple[np.ndarray | None, ModelSession | None]:
+        """One input that failed the fast check: (None, None) to hold the last action; else the input to
+        run (clipped under "clip") and the session to run it on (None: the policy's own)."""
+        g = self._guard
+        nonfinite, outside = g.screen(x, 1)
+        if nonfinite[0]:
+            if self.on_nonfinite == "hold" and self._last is not None:
+                return None, None
+            raise g.refuse(
+                "observation holds NaN or inf" + self._no_hold("earlier action"), self._nonfinite_fix()
+            )
+        if outside[0] and self.on_out_of_range == "clip":
+            g.clipped += 1
+            return g.clip(x), None
+        if outside[0] and self.on_out_of_range == "fp32":
+            g.fp32_steps += 1
+            return x, self._fp32
+        return x, None
+
+    def _off_nominal_batch(self, x: np.ndarray, n: int) -> np.ndarray:
+        g = self._guard
+        nonfinite, outside = g.screen(x, n)
+        last = self._last_batch
+        if nonfinite.any():
+            if self.on_nonfinite != "hold" or last is None or len(last) != n:
+                row = int(np.argmax(nonfinite))
+                raise g.refuse(f"row {row} of the batch holds NaN or inf" + self._no_hold(f"previous batch of {n}"),
+                               self._nonfinite_fix(), n)  # fmt: skip
+            g.held += int(nonfinite.sum())
+        out: np.ndarray = np.empty((n, *self._action_shape()), self._action_dtype())
+        if last is not None and nonfinite.any():
+            out[nonfinite] = last[nonfinite]
+        rows, fp32_rows = ~nonfinite, np.zeros(n, bool)
+        if self.on_out_of_range == "clip" and outside.any():
+            g.clipped += int(outside.sum())
+            x = x.copy() if x.dtype.kind == "f" else x.astype(np.float64)
+            x[outside] = g.clip(x[outside])
+        elif self.on_out_of_range == "fp32" and outside.any():
+            g.fp32_steps += int(outside.sum())
+            fp32_rows, rows = outside, rows & ~outside
+            assert self._fp32 is not None  # opened at load for on_out_of_range="fp32"
+            out[fp32_rows] = self._actions(self._fp32.run(x[fp32_rows]), int(fp32_rows.sum()))
+        if rows.any():
+            out[rows] = self._actions(self.run_batch(x[rows]), int(rows.sum()))
+        return out
+
+    def _no_hold(self, what: str) -> str:
+        return f", and there is no {what} to hold" if self.on_nonfinite == "hold" else ""
+
+    def _nonfinite_fix(self) -> str:
+        if self.on_nonfinite == "hold":
+            return "act on a finite observation first: a held action repeats one the policy gave"
+        return "check the sensor, or load with on_nonfinite='hold' to repeat the last action instead"
+
+    def _action_shape(self) -> tuple[int, ...]:
+        return () if self._discrete else tuple(self.spec.action_space.shape)
+
+    def _action_dtype(self) -> type:
+        return np.int64 if self._discrete else np.float32
+
+    def _actions(self, raw: np.ndarray, n: int) -> np.ndarray:
+        return raw.astype(self._action_dtype(), copy=False).reshape(n, *self._action_shape())
+
+    @property
+    def stats(self) -> PolicyStats:
+        """What ``act``, ``act_on_input`` and ``act_batch`` were given since load: refused observations,
+        NaN/inf ones, those outside the calibration range (per feature), clipped, answered by fp32."""
+        return self._guard.stats()
 
     def run_batch(self, batch: np.ndarray) -> np.ndarray:
-        """The model's raw output for a batch of model inputs; the first call after load is timed."""
+        """The model's raw output for a batch of model inputs, unchecked (``act_batch`` is the checked
+        call); the first call after load is timed."""
         if self.first_call_ns is None:
             t0 = time.perf_counter_ns()
             out = self.session.run(batch)
@@ -199,7 +369,8 @@ class Policy:
 
     def warm_up(self, calls: int = WARMUP_CALLS, model_input: np.ndarray | None = None) -> None:
         """Run ``calls`` inferences on ``model_input`` (default: zeros), each timed, so that the first
-        real call is not the slow one. The frame stack is left as it was."""
+        real call is not the slow one (the fp32 model of on_out_of_range="fp32" too, untimed). The frame
+        stack is left as it was."""
         space = self.spec.observation_space
         x = np.zeros(space.shape, np.dtype(space.dtype)) if model_input is None else np.asarray(model_input)
         batch = np.ascontiguousarray(x[None])
@@ -208,6 +379,8 @@ class Policy:
             t0 = time.perf_counter_ns()
             self.run_batch(batch)
             times.append(time.perf_counter_ns() - t0)
+            if self._fp32 is not None and self._fp32 is not self.session:
+                self._fp32.run(batch)
         self.warmup_ns = self.warmup_ns + tuple(times)
 
     @property
@@ -224,6 +397,7 @@ class Policy:
             runtime=runtime or version,
             runtime_version=version if runtime else "",
             threads=self.threads,
+            threads_from=self.threads_from,
             file=self.entry.file,
             sha256=self.entry.sha256,
             size_bytes=self.entry.size_bytes,
@@ -241,38 +415,24 @@ class Policy:
             load_ms=self.load_ns / 1e6,
             first_call_ms=None if self.first_call_ns is None else self.first_call_ns / 1e6,
             warmup_ms=tuple(t / 1e6 for t in self.warmup_ns),
+            on_nonfinite=self.on_nonfinite,
+            on_out_of_range=self.on_out_of_range,
+            fp32_model=None if self.fp32_entry is None else self.fp32_entry.name,
+            device=self.device,
         )
-
-
-def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[ModelEntry, str]:
-    """The model to load and why: ``model`` when given, else tune's choice, else the only model that is
-    not the fp32 reference. Several candidates and no choice: an InputError listing them."""
-    if model is not None:
-        return manifest.model(model), "argument"
-    names = [m.name for m in manifest.models]
-    chosen = (manifest.tune or {}).get("chosen")
-    if isinstance(chosen, str) and chosen in names:
-        return manifest.model(chosen), "tune"
-    if len(manifest.models) == 1:
-        return manifest.models[0], "only model"
-    ref = manifest.reference()
-    others = [m for m in manifest.models if m is not ref]
-    if len(others) == 1:
-        return others[0], "only model besides the fp32 reference"
-    if not names:
-        raise InputError(f"bundle {str(bundle)!r} has no models", "re-export it with `quarl-edge export`")
-    raise InputError(
-        f"bundle {str(bundle)!r} has {len(names)} models and no tune choice: {', '.join(names)}",
-        f"pick one, e.g. load_policy({str(bundle)!r}, model={names[-1]!r})",
-    )
 
 
 def load_policy(
     bundle: str | Path,
     model: str | None = None,
-    threads: int = 1,
+    threads: int | Literal["tune"] = "tune",
     *,
     warmup: int = WARMUP_CALLS,
+    oversubscribe: bool = False,
+    on_nonfinite: OnNonfinite = "raise",
+    on_out_of_range: OnOutOfRange = "count",
+    session_options: OrtOptions | Mapping[str, Any] | None = None,
+    device: str | None = None,
     require_signature: bool = False,
 ) -> Policy:
     """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
@@ -280,16 +440,33 @@ def load_policy(
 
     ``model``: a model name of the bundle; default: the model `quarl-edge tune` chose when the bundle
     is tune's, else the bundle's only model besides the fp32 reference (a bundle with several needs
-    ``model=``). ``require_signature``: refuse a bundle that is not signed by a key this machine
-    trusts (a machine with trusted keys requires that anyway: docs/runtime.md). Errors are
-    ``QuarlError``s whose ``str()`` is one line: the problem and the fix.
+    ``model=``). ``threads``: ``"tune"`` (the count tune recorded for its choice; 1 otherwise) or a count
+    up to this device's cores (``oversubscribe=True`` to go past). ``on_nonfinite``: ``"raise"`` (an
+    InputError for NaN/inf) or ``"hold"`` (repeat the last action). ``on_out_of_range``: ``"count"``,
+    ``"clip"`` (to the calibration range) or ``"fp32"`` (the bundle's fp32 model answers). ``session_options``:
+    ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
+    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``require_signature``: refuse a
+    bundle not signed by a key this machine trusts (a machine with trusted keys requires that anyway).
+    Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
+    if not isinstance(bundle, str | os.PathLike):
+        raise InputError(
+            f"bundle must be a folder path (got {type(bundle).__name__})",
+            "e.g. load_policy('bundles/cartpole-ppo')",
+        )
     bundle = Path(bundle)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise InputError(f"warmup must be an integer >= 0 (got {warmup!r})", f"e.g. warmup={WARMUP_CALLS}")
+        raise InputError(
+            f"warmup must be an integer >= 0 (got {str(warmup)[:24]!r})", f"e.g. warmup={WARMUP_CALLS}"
+        )
+    options = OrtOptions.of(session_options)
     manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
     entry, why = choose_model(manifest, model, bundle)
+    count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
+    here = check_device(manifest, device)
     verify_model(bundle, entry)
-    policy = Policy(bundle, manifest, entry, threads, chosen_by=why)
+    policy = Policy(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
+                    on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
+                    device=here)  # fmt: skip
     policy.warm_up(warmup)
     return policy

@@ -123,7 +123,10 @@ class PolicyRunner:
     ) -> None:
         self.bundle = Path(bundle)
         self.manifest = manifest or load_manifest(self.bundle, models=[model])
-        self.policy = Policy(self.bundle, self.manifest, self.manifest.model(model), threads)
+        # a NaN from the env's sensor is counted and answered with the last action: the bench goes on
+        self.policy = Policy(
+            self.bundle, self.manifest, self.manifest.model(model), threads, on_nonfinite="hold"
+        )
         self.entry: ModelEntry = self.policy.entry
         self.spec = self.manifest.policy
         self.threads = threads

@@ -214,6 +214,36 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# ---- the runtime API's bundles: ONNX and LiteRT side by side (tests/test_runtime_*.py) ------------------
+
+
+@pytest.fixture(scope="session")
+def pong_rt_bundle(tmp_path_factory: pytest.TempPathFactory, zoo_pong: tuple[Path, Path]) -> Path:
+    """The zoo Pong DQN (uint8 4x84x84 frames) as onnx-int8 and tflite-int8."""
+    out = tmp_path_factory.mktemp("rt-bundles") / "pong-dqn"
+    return _export_shipped(out, zoo_pong[0], zoo_pong[1], ("onnx-int8", "tflite-int8"))
+
+
+@pytest.fixture(scope="session")
+def cartpole_rt_bundle(
+    tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
+) -> Path:
+    """The zoo CartPole PPO (discrete) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
+    out = tmp_path_factory.mktemp("rt-bundles") / "cartpole-ppo"
+    targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
+    return _export_shipped(out, cartpole_policy, cartpole_calib, targets)
+
+
+@pytest.fixture(scope="session")
+def pendulum_rt_bundle(
+    tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
+) -> Path:
+    """The zoo Pendulum SAC (continuous) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
+    out = tmp_path_factory.mktemp("rt-bundles") / "pendulum-sac"
+    targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
+    return _export_shipped(out, pendulum_policy, pendulum_calib, targets)
+
+
 # ---- the SSH tier's device: a real OpenSSH sshd on 127.0.0.1 -----------------------------------------
 
 SSHD = Path("/usr/sbin/sshd")

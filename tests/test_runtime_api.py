@@ -104,8 +104,10 @@ def test_default_model_and_the_error_that_lists_the_models(cartpole_bundle: Path
     info = load_policy(tuned).info
     want = ("onnx-fp16", "tune", "rpi4", 2)
     assert (info.model, info.chosen_by, info.tune_device, info.tune_threads) == want
-    assert info.threads == 1  # threads= is the caller's; tune's count is reported beside it
-    assert load_policy(tuned, model="onnx-int8").info.chosen_by == "argument"
+    assert (info.threads, info.threads_from) == (2, "tune")  # threads="tune", the default, takes tune's count
+    assert load_policy(tuned, threads=1).info.threads == 1  # an explicit count is the caller's
+    other = load_policy(tuned, model="onnx-int8").info  # tune's count was measured for its choice only
+    assert (other.chosen_by, other.threads, other.threads_from) == ("argument", 1, "default")
 
     pair = tmp_path / "pair"  # fp32 + one quantized model: the quantized one
     shutil.copytree(cartpole_bundle, pair)
