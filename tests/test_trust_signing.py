@@ -395,3 +395,28 @@ def test_an_emulated_pi_gets_cryptography_from_trust_key_and_runs_only_signed_bu
         names = [p.split("==")[0] for p in added]
         if names:
             emu._ssh(emu_board, f"{py} -m pip uninstall -y -q {' '.join(map(shlex.quote, names))}")
+
+
+@pytest.mark.slow
+def test_tune_sign_measures_and_ships_signed_bundles_where_signatures_are_required(
+    home: Path, keys: tuple[Path, Path], cartpole_policy: Path, cartpole_calib: Path, tmp_path: Path
+) -> None:
+    """On a machine that trusts a key (this one, through HOME), an unsigned tune is refused in one line
+    at its first measurement; `tune --sign KEY` measures the signed candidates and ships a bundle signed
+    by that key, which load_policy there accepts."""
+    from test_tune_inputs import small
+
+    from quarl_edge.tune.search import run_tune
+
+    trusted, _ = keys
+    _trust(home, trusted.with_name(trusted.name + ".pub"))
+    with pytest.raises(IntegrityError, match="not signed") as e:
+        run_tune(small(cartpole_policy, tmp_path / "unsigned", cartpole_calib))
+    assert "\n" not in str(e.value)
+    out = tmp_path / "signed"
+    result = run_tune(small(cartpole_policy, out, cartpole_calib, sign_key=trusted))
+    assert result.choice is not None
+    assert signed_by(out / "bundle") == _fingerprint(trusted.with_name(trusted.name + ".pub"))
+    assert signed_by(result.bundle) == signed_by(out / "bundle")  # the candidates it measured, signed too
+    policy = load_policy(out / "bundle", require_signature=True)
+    assert policy.info.model == result.choice.name
