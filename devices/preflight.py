@@ -108,7 +108,7 @@ def check_c(manifest: Manifest, facts: dict[str, Any], device: str, models: Sequ
 
 def prebuilt_for(entry: Any, machine: str) -> bool:
     """Whether a model's manifest entry names a prebuilt shared object for ``machine``."""
-    return False
+    return any(f.role == "shared-object" and f.machine == machine for f in getattr(entry, "files", ()))
 
 
 def check_env(env: EnvConfig, facts: dict[str, Any], device: str) -> None:

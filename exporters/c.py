@@ -14,9 +14,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.exporters.base import EXPORTERS, ExportContext, ExportedModel, register
+from quarl_edge.exporters.base import EXPORTERS, ExportContext, ExportedModel, ExtraFile, register
 from quarl_edge.exporters.c_onnx import from_onnx
 from quarl_edge.exporters.onnx import _io, export_fp32
+from quarl_edge.runtimes import ccompiler
 from quarl_edge.runtimes.cprogram import Program
 from quarl_edge.runtimes.csource import render_c, render_h, stack_bytes
 from quarl_edge.runtimes.fsutil import atomic_write_bytes
@@ -29,9 +30,22 @@ def header_path(c_file: Path) -> Path:
     return c_file.with_suffix(".h")
 
 
-def _write(program: Program, path: Path) -> None:
-    atomic_write_bytes(header_path(path), render_h(program).encode())
-    atomic_write_bytes(path, render_c(program).encode())
+def _write(ctx: ExportContext, program: Program, path: Path) -> list[ExtraFile]:
+    """The .c and .h, and a shared object cross-compiled for each machine of ``config.c_prebuilt``
+    (``policy.int8.aarch64.so``): the architecture's baseline flags, since the host does not know the
+    board's CPU (a board that compiles for itself gets its own features)."""
+    header, text = render_h(program), render_c(program)
+    atomic_write_bytes(header_path(path), header.encode())
+    atomic_write_bytes(path, text.encode())
+    files = [ExtraFile(header_path(path), "header")]
+    for machine in ctx.config.c_prebuilt:
+        compiler = ccompiler.cross_compiler(machine)
+        out = path.with_suffix(f".{machine}.so")
+        ccompiler.compile_shared(text, header, program.header, compiler, (), out)
+        files.append(
+            ExtraFile(out, "shared-object", machine, f"{compiler.name} {' '.join(ccompiler.BASE_FLAGS)}")
+        )
+    return files
 
 
 def _summary(program: Program) -> dict[str, Any]:
@@ -48,31 +62,39 @@ def _summary(program: Program) -> dict[str, Any]:
     }
 
 
+def _cross_compilers(ctx: ExportContext) -> None:
+    """A missing cross compiler is named before any export work."""
+    for machine in ctx.config.c_prebuilt:
+        ccompiler.cross_compiler(machine)
+
+
 def _program(ctx: ExportContext, onnx_file: Path, target: str, path: Path) -> Program:
     return from_onnx(onnx_file, target, ctx.policy.spec.name, header_path(path).name)
 
 
 @register("c-fp32")
 def _export_c_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
+    _cross_compilers(ctx)
     src = export_fp32(ctx, ctx.workdir / "c-fp32-src.onnx")
     program = _program(ctx, src, "c-fp32", path)
-    _write(program, path)
+    files = _write(ctx, program, path)
     quant = {"scheme": "none", "c": _summary(program)}
     tools = {"converter": f"torch.onnx dynamo exporter -> {GENERATOR}", "onnx": version("onnx")}
-    return ExportedModel(path, "c", "fp32", quant, _io(src), tools)
+    return ExportedModel(path, "c", "fp32", quant, _io(src), tools, files)
 
 
 @register("c-int8", calibrated=True)
 def _export_c_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     # the fp32 graph first: a graph the C generator cannot run is refused before the calibration
+    _cross_compilers(ctx)
     plain = replace(ctx, policy=ctx.quantizable)
     _program(plain, export_fp32(plain, ctx.workdir / "c-int8-check.onnx"), "c-int8", path)
     onnx_model = EXPORTERS["onnx-int8"](ctx, ctx.workdir / "c-int8-src.onnx")
     program = _program(ctx, onnx_model.file, "c-int8", path)
-    _write(program, path)
+    files = _write(ctx, program, path)
     quant = {**onnx_model.quantization, "generated_from": "the onnx-int8 QDQ graph", "c": _summary(program)}
     tools = {
         **onnx_model.toolchain,
         "converter": f"{onnx_model.toolchain.get('converter', 'torch.onnx')} -> {GENERATOR}",
     }
-    return ExportedModel(path, "c", "int8", quant, onnx_model.io, tools)
+    return ExportedModel(path, "c", "int8", quant, onnx_model.io, tools, files)

@@ -56,12 +56,23 @@ def read_c(path: Path) -> tuple[str, Program]:
     return text, check_source(text, repr(path.name))
 
 
-def shared_object(text: str, program: Program) -> tuple[Path, str]:
-    """(the built object for this machine, what built it), compiling it on the first call."""
+PREBUILT_ENV = "QUARL_EDGE_C_PREBUILT"
+"""``trust``: load a bundle's prebuilt shared object even when the bundle is not signed by a key this
+machine trusts (the user's own decision: such an object is code that runs as it is)"""
+
+
+def shared_object(text: str, program: Program, c_path: Path | None = None) -> tuple[Path, str]:
+    """(the built object for this machine, what built it), compiling it on the first call; with no
+    compiler, the object the bundle of ``c_path`` ships for this machine (see ``prebuilt``)."""
     compiler = ccompiler.find_compiler()
     if compiler is None:
+        found = prebuilt(c_path, program) if c_path is not None else None
+        if found is not None:
+            return found
         raise MissingDependencyError(
-            f"no C compiler on this machine to build the c-{program.precision} model", ccompiler.INSTALL
+            f"no C compiler on this machine to build the c-{program.precision} model, and its bundle has no "
+            f"object built for {platform.machine()}",
+            ccompiler.INSTALL,
         )
     machine = platform.machine()
     flags = compiler.flags(machine, _features())
@@ -73,12 +84,57 @@ def shared_object(text: str, program: Program) -> tuple[Path, str]:
     return out, f"{compiler.name}{' ' + ' '.join(flags) if flags else ''}"
 
 
+def prebuilt(c_path: Path, program: Program) -> tuple[Path, str] | None:
+    """The shared object the bundle ships for this machine (ModelFile role ``shared-object``), copied into
+    our cache once its bytes match the manifest's sha256; None if the manifest names none. A prebuilt
+    object cannot be checked like the source: it is loaded only from a bundle signed by a key this
+    machine trusts (runtimes/signing.py), or with $QUARL_EDGE_C_PREBUILT=trust."""
+    import hashlib
+    import os
+
+    from .bundlepath import read_file
+    from .manifest import parse_manifest, read_manifest_bytes
+    from .signing import check_signature
+
+    bundle = c_path.parent
+    data = read_manifest_bytes(bundle)
+    entry = next((m for m in parse_manifest(data, bundle).models if m.file == c_path.name), None)
+    machine = platform.machine()
+    obj = next(
+        (f for f in (entry.files if entry else ()) if f.role == "shared-object" and f.machine == machine),
+        None,
+    )
+    if entry is None or obj is None:
+        return None
+    if os.environ.get(PREBUILT_ENV) != "trust":
+        try:
+            check_signature(bundle, data, required=True)
+        except QuarlError as e:
+            raise IntegrityError(
+                f"{obj.file!r} is a prebuilt shared object (code that runs as it is), loaded only from a bundle "
+                f"signed by a key this machine trusts: {e.problem}",
+                f"sign the bundle (export --sign KEY) and trust the key here, install a C compiler to build "
+                f"from the checked source, or set {PREBUILT_ENV}=trust",
+            ) from None
+    blob = read_file(bundle, obj.file, 1 << 30)
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != obj.sha256:
+        raise IntegrityError(f"sha256 mismatch for {obj.file!r}: manifest {obj.sha256[:12]}, file {digest[:12]}",
+                             "the file was modified or damaged; re-export the bundle")  # fmt: skip
+    out = ccompiler.cache_root() / f"prebuilt-{digest[:32]}" / "policy.so"
+    if not out.is_file():
+        from .fsutil import atomic_write_bytes
+
+        atomic_write_bytes(out, blob)
+    return out, f"prebuilt {obj.built_by or machine}"
+
+
 class CSession:
     format = "c"
 
     def __init__(self, path: Path, threads: int = 1, options: Any = None) -> None:
         text, program = read_c(path)
-        so, self.built_by = shared_object(text, program)
+        so, self.built_by = shared_object(text, program, path)
         try:
             lib = ctypes.CDLL(str(so))
         except OSError as e:
@@ -108,7 +164,8 @@ class CSession:
         self._px1, self._py1 = self._x1.ctypes.data, self._y1.ctypes.data
         self.input_shape: tuple[int | None, ...] = (None, program.obs_size)
         self.input_dtype = np.dtype(np.float32)
-        self.runtime = f"c {self.built_by.split()[0]}"
+        words = self.built_by.split()
+        self.runtime = f"c {'prebuilt:' + words[1] if words[0] == 'prebuilt' and len(words) > 1 else words[0]}"
         self.threads = threads  # one thread: the C code is single-threaded by design
 
     def run(self, obs: np.ndarray) -> np.ndarray:

@@ -153,3 +153,70 @@ def test_the_hot_loops_vectorize_on_aarch64(c_bundle: Callable[[str], Path], tmp
 def test_find_compiler_here() -> None:
     c = find_compiler()
     assert c is not None and c.kind in ("gcc", "clang", "zig")
+
+
+@pytest.fixture(scope="module")
+def prebuilt_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CartPole c-int8 with a shared object cross-compiled for this machine's architecture (zig or the
+    Debian cross gcc), as a board without a compiler would get it."""
+    import platform
+
+    from conftest import CALIB, POLICIES
+
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.exporters.base import ExportConfig
+    from quarl_edge.policy.net import load_checkpoint
+
+    machine = platform.machine()
+    try:
+        cross_compiler(machine)
+    except MissingDependencyError as e:
+        pytest.skip(f"no cross compiler for {machine} here ({e})")
+    out = tmp_path_factory.mktemp("prebuilt") / "cartpole"
+    req = BundleRequest(out=out, targets=("onnx-int8", "c-int8"), calibration=CALIB / "cartpole-ppo.npz",
+                        config=ExportConfig(c_prebuilt=(machine,)))  # fmt: skip
+    export_bundle(load_checkpoint(POLICIES / "cartpole-ppo"), req)
+    return out
+
+
+def test_manifest_records_the_header_and_the_prebuilt_object(prebuilt_bundle: Path) -> None:
+    import platform
+
+    entry = load_manifest(prebuilt_bundle).model("c-int8")
+    roles = {f.role: f for f in entry.files}
+    assert roles["header"].file == "policy.int8.h"
+    so = roles["shared-object"]
+    assert so.file == f"policy.int8.{platform.machine()}.so" and so.machine == platform.machine()
+    assert so.built_by and so.size_bytes == (prebuilt_bundle / so.file).stat().st_size
+
+
+def test_prebuilt_object_runs_only_when_trusted(
+    prebuilt_bundle: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No compiler here: the bundle's object for this machine, loaded only from a bundle signed by a
+    trusted key (or by the user's explicit QUARL_EDGE_C_PREBUILT=trust); the same actions as compiled."""
+    from quarl_edge.runtimes.errors import IntegrityError
+    from quarl_edge.runtimes.trace import load_trace
+
+    obs = load_trace(prebuilt_bundle / "trace.npz").obs
+    compiled = load_policy(prebuilt_bundle, model="c-int8", threads=1).act_batch(obs)
+    monkeypatch.setenv("QUARL_EDGE_CC", "none")
+    with pytest.raises(IntegrityError) as e:
+        load_policy(prebuilt_bundle, model="c-int8", threads=1)
+    assert "prebuilt shared object" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("QUARL_EDGE_C_PREBUILT", "trust")
+    p = load_policy(prebuilt_bundle, model="c-int8", threads=1)
+    assert p.info.runtime_version.startswith("prebuilt:")
+    assert np.array_equal(p.act_batch(obs), compiled)
+    assert list(cache.glob("prebuilt-*/policy.so"))
+
+
+def test_a_tampered_header_fails_the_bundle_check(c_bundle: Callable[[str], Path], tmp_path: Path) -> None:
+    from quarl_edge.runtimes.errors import IntegrityError
+
+    bundle = tmp_path / "b"
+    shutil.copytree(c_bundle("cartpole-ppo"), bundle)
+    h = bundle / "policy.int8.h"
+    h.write_text(h.read_text().replace("QE_POLICY_OBS_SIZE 4", "QE_POLICY_OBS_SIZE 5"))
+    with pytest.raises(IntegrityError, match="policy.int8.h"):
+        load_policy(bundle, model="c-int8", threads=1)
