@@ -89,3 +89,18 @@ def test_emit_replaces_only_an_emit_and_refuses_a_bundle_without_c(
         emit_c(cartpole_bundle, tmp_path / "none")
     assert "--to c-int8" in str(e.value)
     assert_absent(tmp_path / "none")
+
+
+def test_cli_deploy_emit_c(cli: Callable[..., subprocess.CompletedProcess[str]], c_bundle: Callable[[str], Path],
+                           tmp_path: Path) -> None:  # fmt: skip
+    from conftest import assert_one_error
+
+    bundle = c_bundle("cartpole-ppo")
+    p = cli("deploy", "--bundle", bundle, "--emit", "c", tmp_path / "out")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "out" / "CMakeLists.txt").is_file() and "cmake -S" in p.stderr
+    line = assert_one_error(
+        cli("deploy", "--bundle", bundle, "--emit", "c", tmp_path / "o2", "--device", "rpi4")
+    )
+    assert "takes no --device" in line
+    assert_absent(tmp_path / "o2")

@@ -2,7 +2,7 @@
 
 The board's rootfs has no C compiler or cmake, and this test leaves it as built: `devices setup`'s path
 (aarch64 wheels downloaded on the host, pip offline on the board) builds a second venv in the login
-directory with the runtimes plus ``ziglang`` (a whole C toolchain from pip) and ``cmake``; removed
+directory with the runtimes plus ``ziglang`` (a whole C toolchain from pip), ``cmake`` and ``ninja``; removed
 afterwards. Then, on the board:
 
 - ``bench`` of a CartPole bundle with c-int8 (compiled there by zig for aarch64, flags from the board's
@@ -65,11 +65,11 @@ def board() -> Iterator[emulate.Status]:
 
 @pytest.fixture(scope="module")
 def toolchain(board: emulate.Status) -> Iterator[str]:
-    """A venv in the board's login directory with the runtimes, ziglang and cmake; its python."""
+    """A venv in the board's login directory with the runtimes, ziglang, cmake and ninja; its python."""
     from quarl_edge.devices import setup
 
     spec, pins = wheelhouse.platform_pinned(
-        wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + ("ziglang", "cmake"))
+        wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + ("ziglang", "cmake", "ninja"))
     )
     t0 = time.monotonic()
     try:
@@ -130,7 +130,8 @@ def test_emitted_folder_builds_with_cmake_on_the_board_and_acts_as_python(
     zig = f'$({venv_bin}/python -c "import ziglang, os; print(os.path.dirname(ziglang.__file__))")/zig'
     d = f"{REMOTE_EMIT}/emit"
     t0 = time.monotonic()
-    build = _ssh(board, f'export CC="{zig} cc" CXX="{zig} c++"; {venv_bin}/cmake -S {d} -B {d}/build >/dev/null '
+    build = _ssh(board, f'export CC="{zig} cc" CXX="{zig} c++"; {venv_bin}/cmake -G Ninja '
+                        f"-DCMAKE_MAKE_PROGRAM={venv_bin}/ninja -S {d} -B {d}/build >/dev/null "
                         f"&& {venv_bin}/cmake --build {d}/build 2>&1 | tail -3")  # fmt: skip
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     built = time.monotonic() - t0
