@@ -165,7 +165,9 @@ class CSession:
         self.input_shape: tuple[int | None, ...] = (None, program.obs_size)
         self.input_dtype = np.dtype(np.float32)
         words = self.built_by.split()
-        self.runtime = f"c {'prebuilt:' + words[1] if words[0] == 'prebuilt' and len(words) > 1 else words[0]}"
+        self.runtime = (
+            f"c {'prebuilt:' + words[1] if words[0] == 'prebuilt' and len(words) > 1 else words[0]}"
+        )
         self.threads = threads  # one thread: the C code is single-threaded by design
 
     def run(self, obs: np.ndarray) -> np.ndarray:

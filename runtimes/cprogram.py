@@ -212,7 +212,15 @@ def _op(p: Program, i: int, op: Op, written: set[int]) -> None:
     if x not in written:
         raise _bad(f"{where} reads buffer {x} before any op writes it")
     bx, by = p.buffers[x], p.buffers[y]
-    used = {"w": None, "b": None, "s": None, "c": None, "scale": None, "zp": None, "alpha": None}
+    used: dict[str, Any] = {
+        "w": None,
+        "b": None,
+        "s": None,
+        "c": None,
+        "scale": None,
+        "zp": None,
+        "alpha": None,
+    }
 
     def arr(key: str, dtype: str, shape: tuple[int, ...]) -> None:
         name = getattr(op, key)
