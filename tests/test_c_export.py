@@ -39,6 +39,7 @@ from quarl_edge.zoo import load_zoo
 FP32_TOL = 1e-5
 FAST = ("cartpole-ppo", "pendulum-sac")
 SEEDS = (0, 1, 2)
+STEPS = 200
 
 
 def zoo_mlps() -> list[str]:
@@ -120,28 +121,70 @@ def test_c_matches_onnx_on_the_trace(name: str, c_bundle: Callable[[str], Path])
         assert float(np.ptp(ref)) > 0.1
 
 
+def perturbed_returns(
+    bundle: Path, model: str, seeds: tuple[int, ...], steps: int, delta: float
+) -> np.ndarray:
+    """Returns of ``model`` with ``delta`` added to every action component: what a difference of that
+    size alone does to a return in this environment (the dynamics amplify it: MuJoCo's HalfCheetah turns
+    1e-5 into another episode within 50 steps)."""
+    policy = load_policy(bundle, model=model, threads=1)
+    env = policy.make_env()
+    out = []
+    try:
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            policy.reset()
+            ret = 0.0
+            for _ in range(steps):
+                obs, reward, terminated, truncated, _ = env.step(
+                    np.asarray(policy.act(obs), np.float32) + np.float32(delta)
+                )
+                ret += float(reward)
+                if terminated or truncated:
+                    break
+            out.append(ret)
+    finally:
+        env.close()
+    return np.array(out)
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in zoo_mlps()]
 )
 def test_closed_loop_returns_equal_on_paired_seeds(name: str, c_bundle: Callable[[str], Path]) -> None:
+    """Discrete actions: the same actions, so the same episodes, seed for seed. Continuous: C and ONNX
+    actions differ by float rounding (fp32: within 1e-5; int8: within one output step), so their
+    returns agree within what a difference of that size does in that environment, measured here on the
+    ONNX model itself (its actions shifted by that much): thousandths on Pendulum, whole episodes on
+    HalfCheetah (there the trace comparison above is the check)."""
     bundle = c_bundle(name)
     if name.startswith(("lunarlander", "halfcheetah", "walker", "cartpole-balance")):
         pytest.importorskip({"l": "Box2D", "h": "mujoco", "w": "dm_control", "c": "dm_control"}[name[0]])
     returns = {}
     for model in TARGETS:
-        runs = PolicyRunner(bundle, model).episodes(list(SEEDS), max_steps=200)
+        runs = PolicyRunner(bundle, model).episodes(list(SEEDS), max_steps=STEPS)
         assert all(r.error is None for r in runs), runs
         returns[model] = np.array([r.ret for r in runs])
-    print(f"\n{name}: returns { ({k: np.round(v, 3).tolist() for k, v in returns.items()}) }")
-    # discrete: the same actions, so the same episodes; continuous: float rounding (1e-7..1e-6 per action)
-    # carried through 200 steps of dynamics moves a return by a few thousandths at most
-    tol = (
-        {"rtol": 0.0, "atol": 0.0}
-        if name.startswith(("cartpole-ppo", "cartpole-a2c", "cartpole-dqn", "lunar"))
-        else {"rtol": 1e-3, "atol": 0.01}
+    if load_policy(bundle, model="c-int8", threads=1).spec.action_space.is_discrete:
+        print(f"\n{name}: returns { ({k: np.round(v, 3).tolist() for k, v in returns.items()}) }")
+        assert np.array_equal(returns["c-fp32"], returns["onnx-fp32"])
+        assert np.array_equal(returns["c-int8"], returns["onnx-int8"])
+        return
+    figures = []
+    for c_model, ref, delta in (
+        ("c-fp32", "onnx-fp32", FP32_TOL),
+        ("c-int8", "onnx-int8", compare(bundle).int8_step),
+    ):
+        d = float(np.abs(returns[c_model] - returns[ref]).max())
+        shifted = (
+            [perturbed_returns(bundle, ref, SEEDS, STEPS, sign * delta) for sign in (1, -1)] if delta else []
+        )
+        floor = max((float(np.abs(r - returns[ref]).max()) for r in shifted), default=0.0)
+        figures.append(f"|{c_model} - {ref}| {d:.4f} (floor {floor:.4f})")
+        assert d <= 3 * floor + 0.05, (c_model, d, floor)
+    print(
+        f"\n{name}: returns { ({k: np.round(v, 3).tolist() for k, v in returns.items()}) }; {'; '.join(figures)}"
     )
-    np.testing.assert_allclose(returns["c-fp32"], returns["onnx-fp32"], **tol)
-    np.testing.assert_allclose(returns["c-int8"], returns["onnx-int8"], **tol)
 
 
 def _rehash(bundle: Path, file: str) -> None:
