@@ -82,7 +82,7 @@ def toolchain(board: emulate.Status) -> Iterator[str]:
     finally:
         assert (
             _ssh(
-                board, f"rm -rf {VENV} {REMOTE_EMIT} .cache/quarl-edge/c .cache/quarl-edge/wheels"
+                board, f"rm -rf {VENV} {REMOTE_EMIT} .cache/quarl-edge/c .cache/quarl-edge/wheels .cache/zig"
             ).returncode
             == 0
         )
@@ -126,7 +126,7 @@ def test_emitted_folder_builds_with_cmake_on_the_board_and_acts_as_python(
     emit_c(c_bundle(name), out)
     assert _ssh(board, f"rm -rf {REMOTE_EMIT} && mkdir -p {REMOTE_EMIT}").returncode == 0
     _scp(board, out, f"{REMOTE_EMIT}/")
-    venv_bin = shlex.quote(str(Path(toolchain).parent))
+    venv_bin = "$HOME/" + shlex.quote(str(Path(toolchain).parent))  # cmake's try_compile runs elsewhere
     zig = f'$({venv_bin}/python -c "import ziglang, os; print(os.path.dirname(ziglang.__file__))")/zig'
     d = f"{REMOTE_EMIT}/emit"
     t0 = time.monotonic()
