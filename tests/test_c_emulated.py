@@ -7,8 +7,9 @@ afterwards. Then, on the board:
 
 - ``bench`` of a CartPole bundle with c-int8 (compiled there by zig for aarch64, flags from the board's
   CPU features: no dot product on the Cortex-A72), closed-loop episodes on the same seeds as ONNX;
-- the `deploy --emit c` folder copied there, built by cmake (zig as CC/CXX), and its C and C++ loops run
-  for 1,000 steps on the trace: the same actions as the Python runtime on the host.
+- the `deploy --emit c` folder copied there, built by cmake (zig as CC) and its C loop run for 1,000
+  steps on the trace: the same actions as the Python runtime on the host (the C++ loop: on the host only,
+  zig would build libc++ from source under qemu first).
 
 A board already running (someone else's `up`) is used and left running; otherwise this file starts it
 and stops it. ``pytest -s`` prints the figures (marked emulated: qemu's speed, not a Pi's).
@@ -73,11 +74,13 @@ def toolchain(board: emulate.Status) -> Iterator[str]:
     )
     t0 = time.monotonic()
     try:
-        with setup.open_device("rpi4-emu") as (shell, _):
-            python = setup.setup(
-                shell, wheelhouse.download(spec, pins=pins), venv=VENV, packages=spec.packages
-            )
-        print(f"\n[emulated rpi4] venv with ziglang and cmake: {time.monotonic() - t0:.0f} s")
+        python = f"{VENV}/bin/python"  # an earlier run's venv, when it was not removed
+        if _ssh(board, f"test -x {VENV}/bin/ninja && {python} -c 'import ziglang, numpy'").returncode != 0:
+            with setup.open_device("rpi4-emu") as (shell, _):
+                python = setup.setup(
+                    shell, wheelhouse.download(spec, pins=pins), venv=VENV, packages=spec.packages
+                )
+        print(f"\n[emulated rpi4] venv with ziglang, cmake and ninja: {time.monotonic() - t0:.0f} s")
         yield python
     finally:
         assert (
@@ -130,13 +133,15 @@ def test_emitted_folder_builds_with_cmake_on_the_board_and_acts_as_python(
     zig = f'$({venv_bin}/python -c "import ziglang, os; print(os.path.dirname(ziglang.__file__))")/zig'
     d = f"{REMOTE_EMIT}/emit"
     t0 = time.monotonic()
-    build = _ssh(board, f'export CC="{zig} cc" CXX="{zig} c++"; {venv_bin}/cmake -G Ninja '
-                        f"-DCMAKE_MAKE_PROGRAM={venv_bin}/ninja -S {d} -B {d}/build >/dev/null "
-                        f"&& {venv_bin}/cmake --build {d}/build 2>&1 | tail -3")  # fmt: skip
+    # the C example only: zig's C++ needs libc++ built from source first, half an hour under qemu (the
+    # C++ example builds and runs on the host: tests/test_c_emit.py)
+    build = _ssh(board, f'set -o pipefail; export CC="{zig} cc"; {venv_bin}/cmake -G Ninja '
+                        f"-DCMAKE_MAKE_PROGRAM={venv_bin}/ninja -S {d} -B {d}/build 2>&1 | tail -20 "
+                        f"&& {venv_bin}/cmake --build {d}/build 2>&1 | tail -20")  # fmt: skip
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     built = time.monotonic() - t0
     expected = (out / "actions.txt").read_text().splitlines()
-    for exe in ("loop_c", "loop_cpp"):
+    for exe in ("loop_c",):
         r = _ssh(board, f"{d}/build/{exe} --obs {d}/observations.f32 --steps 1000 --hz 0")
         assert r.returncode == 0, r.stderr[-1000:]
         got = r.stdout.splitlines()
