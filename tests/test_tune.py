@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from quarl_edge.bench.report import parse_report
 from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
@@ -35,7 +36,7 @@ def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(tuned: tuple[T
     assert len(fp32) >= 1 and choice["p50_us"] <= min(r["p50_us"] for r in fp32)
     report = json.loads((cfg.out / "tune.json").read_text())
     assert report["format"] == "quarl-edge/report" and report["tune"]["choice"]["name"] == choice["name"]
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct)) if choice["name"] != result[
+    checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct)) if choice["name"] != result[
         "reference"] else []  # fmt: skip
     assert all(c.passed for c in checks)
     assert (cfg.out / "tune.md").read_text().startswith("# quarl-edge tune:") and (

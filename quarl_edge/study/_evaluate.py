@@ -17,27 +17,18 @@ def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[
     from quarl_edge.policy.net import load_checkpoint
     from quarl_edge.quant.weights import quantize_weights
     from quarl_edge.runtimes.envs import make_env
+    from quarl_edge.runtimes.runner import run_episodes
 
     torch.set_num_threads(1)
     policy = load_checkpoint(policy_dir)
     if bits is not None:
         policy = quantize_weights(policy, bits)
     env = make_env(policy.spec.env)
-    out = []
+    act = (lambda _obs: env.action_space.sample()) if variant == "random" else policy.act
     try:
-        for seed in seeds:
-            obs, _ = env.reset(seed=seed)
-            env.action_space.seed(seed)
-            done, ret = False, 0.0
-            while not done:
-                action = env.action_space.sample() if variant == "random" else policy.act(obs)
-                obs, r, term, trunc, _ = env.step(action)
-                ret += float(r)
-                done = term or trunc
-            out.append(ret)
+        return [e.ret for e in run_episodes(env, act, seeds, catch=False)]
     finally:
         env.close()
-    return out
 
 
 def _returns_runtime(bundle: str, model: str, seeds: list[int]) -> list[float]:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.stats import drift_scale
 from quarl_edge.study._common import ray_session
 
 if TYPE_CHECKING:
@@ -39,13 +42,12 @@ def latency(s: Search, bundle: Path, threads: list[int], rows: dict[str, dict[st
             cfg = BenchConfig(episodes=0, threads=t, latency_samples=s.cfg.latency_samples, seed=s.cfg.seed,
                               models=tuple(missing))  # fmt: skip
             report = bench(bundle, cfg, device=device, transport=transport)
-            for m in report["models"]:
-                if m["name"] not in missing:
+            for m in report.models:
+                if m.name not in missing:
                     continue  # the bench adds the reference; its measurement stands as first made
-                lat = m.get("latency") or {}
-                s.state.put(
-                    "latency", f"{m['name']}@{t}", {"p50_us": lat.get("p50_us"), "p99_us": lat.get("p99_us")}
-                )
+                got = m.latency
+                s.state.put("latency", f"{m.name}@{t}",
+                            {"p50_us": got.p50_us if got else None, "p99_us": got.p99_us if got else None})  # fmt: skip
         for n, row in rows.items():
             row.setdefault("latency", {})[str(t)] = s.state.get("latency", f"{n}@{t}")
     for row in rows.values():
@@ -159,9 +161,7 @@ def _pooled_drop(a: dict[str, Any], b: dict[str, Any], n1: int, n2: int) -> floa
     the mean of two percentages is not one when the means differ), so `gate tune.json` agrees."""
     ref = (a["ref_mean"] * n1 + b["ref_mean"] * n2) / (n1 + n2)
     mean = (a["mean"] * n1 + b["mean"] * n2) / (n1 + n2)
-    if ref == 0:
-        return float((a["drop_pct"] * n1 + b["drop_pct"] * n2) / (n1 + n2))
-    return float(100.0 * (ref - mean) / abs(ref))
+    return float(100.0 * (ref - mean) / drift_scale(ref))  # the drift's one rule for a zero fp32 mean
 
 
 def _slower(rows: dict[str, dict[str, Any]], chosen: dict[str, Any]) -> None:
@@ -178,14 +178,13 @@ def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device
     return _drift_of(report, name, s.reference, episodes)
 
 
-def _drift_of(report: dict[str, Any], name: str, reference: str, episodes: int) -> dict[str, Any]:
-    m = next(m for m in report["models"] if m["name"] == name)
-    d = m.get("drift") or {}
-    if d.get("reward_drop_pct") is None:
+def _drift_of(report: BenchReport, name: str, reference: str, episodes: int) -> dict[str, Any]:
+    m = report.model(name)
+    if m.drift is None:
         raise QuarlError(f"no paired episodes for {name}", "run again; the runner reported none")
-    lo, hi = d["rel_ci95"]
-    return {"drop_pct": d["reward_drop_pct"], "drop_ci95_pct": [-100 * hi, -100 * lo], "episodes": episodes,
-            "mean": m["reward"]["mean"], "ref_mean": next(x for x in report["models"] if x["name"] == reference)["reward"]["mean"]}  # fmt: skip
+    lo, hi = m.drift.drop_ci95_pct  # None: unbounded (one paired episode)
+    return {"drop_pct": m.drift.reward_drop_pct, "drop_ci95_pct": [-math.inf if lo is None else lo, math.inf if hi is None else hi],
+            "episodes": episodes, "mean": m.reward.mean, "ref_mean": report.model(reference).reward.mean}  # fmt: skip
 
 
 def _choice(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:

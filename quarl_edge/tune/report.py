@@ -128,7 +128,7 @@ def write_outputs(
     episodes = c.get("episodes") or cfg.episodes  # the first seeds and a close call's fresh ones follow on
     report = bench(Path(result["bundle"]), BenchConfig(episodes=episodes, seed=cfg.seed, threads=c["threads"],
                                                         latency_samples=cfg.latency_samples, models=models),
-                   device=device, transport=transport)  # fmt: skip
+                   device=device, transport=transport).to_dict()  # fmt: skip
     report["tune"] = {k: v for k, v in result.items() if k != "bundle"}
     atomic_write_json(files[0], finite_json(report))
     atomic_write_text(files[1], markdown(result))
