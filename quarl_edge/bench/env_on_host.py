@@ -54,7 +54,13 @@ def host_episodes(env_cfg: EnvConfig, link: PolicyLink, discrete: bool, seeds: l
 
 def episode_json(e: EpisodeResult) -> dict[str, Any]:
     """An episode as the runner reports it (its JSON event), without the act() times it does not keep."""
-    return {"seed": e.seed, "ret": e.ret, "length": e.length, "nonfinite_obs": e.nonfinite_obs, "error": e.error}
+    return {
+        "seed": e.seed,
+        "ret": e.ret,
+        "length": e.length,
+        "nonfinite_obs": e.nonfinite_obs,
+        "error": e.error,
+    }
 
 
 WHERE = "env on the host, policy on the device"
