@@ -18,6 +18,7 @@ from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.stats import Drift, drift_scale, mean_ci95, paired_drift, t975
 from quarl_edge.study.ptq import keeps_reward
+from quarl_edge.study.result import VariantResult
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 9, 19, 29, 30, 31, 45, 60, 99, 119, 120, 121, 250, 1000])
@@ -96,9 +97,13 @@ def test_a_drift_outside_its_meaning_cannot_be_made(bad: dict[str, Any]) -> None
 def test_the_studies_keep_reward_rule_passes_inside_fp32s_interval_and_fails_outside() -> None:
     fp32 = [100.0, 140.0, 60.0, 120.0, 80.0]
     _, lo, hi = mean_ci95(fp32)
-    inside = {"drop_pct": 8.0, "mean": lo + 1.0}  # over the 2% drop, but inside fp32's own interval
-    outside = {"drop_pct": 8.0, "mean": lo - 1.0}
-    small = {"drop_pct": 1.5, "mean": lo - 50.0}  # within 2%, whatever the interval
+
+    def row(drop: float, mean: float) -> VariantResult:
+        return VariantResult("p", "CartPole-v1", "ppo", "onnx-int8", 8, None, mean=mean, drop_pct=drop)
+
+    inside = row(8.0, lo + 1.0)  # over the 2% drop, but inside fp32's own interval
+    outside = row(8.0, lo - 1.0)
+    small = row(1.5, lo - 50.0)  # within 2%, whatever the interval
     assert keeps_reward(inside, lo, hi) and keeps_reward(small, lo, hi)
     assert not keeps_reward(outside, lo, hi)
 
