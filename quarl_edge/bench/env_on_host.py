@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge.bench.result import LinkTiming, Percentiles
+from quarl_edge.bench.transport import Event
 from quarl_edge.devices.link import PolicyLink
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import QuarlError
@@ -21,10 +22,10 @@ from quarl_edge.runtimes.spec import EnvConfig
 
 
 def host_episodes(env_cfg: EnvConfig, link: PolicyLink, discrete: bool, seeds: list[int], max_steps: int | None,
-                  on_episode: Callable[[dict[str, Any]], None]) -> tuple[list[dict[str, Any]], LinkTiming]:  # fmt: skip
-    """Closed-loop episodes (the runner's run_episodes) with the env here and the policy on the device; the
-    episodes (as the runner reports them) and the link's timing: the device's inference alone, the round
-    trip, their difference."""
+                  on_episode: Callable[[Event], None]) -> LinkTiming:  # fmt: skip
+    """Closed-loop episodes (the runner's run_episodes) with the env here and the policy on the device, each
+    reported to ``on_episode`` as the runner reports it; the link's timing: the device's inference alone,
+    the round trip, their difference."""
     act_us: list[float] = []
     rtt_us: list[float] = []
 
@@ -40,19 +41,19 @@ def host_episodes(env_cfg: EnvConfig, link: PolicyLink, discrete: bool, seeds: l
 
     env = make_env(env_cfg)
     try:  # the link or the device failing (QuarlError) is not an episode's doing: it ends the bench
-        episodes = run_episodes(env, act, seeds, max_steps=max_steps, on_episode=done, reraise=(QuarlError,))
+        run_episodes(env, act, seeds, max_steps=max_steps, on_episode=done, reraise=(QuarlError,))
     finally:
         env.close()
     if not rtt_us:
-        return [episode_json(e) for e in episodes], LinkTiming(where=WHERE, steps=0)
+        return LinkTiming(where=WHERE, steps=0)
     a50, a99 = (float(x) for x in np.percentile(act_us, [50, 99]))
     r50, r99 = (float(x) for x in np.percentile(rtt_us, [50, 99]))
-    return [episode_json(e) for e in episodes], LinkTiming(
+    return LinkTiming(
         where=WHERE, steps=len(rtt_us), policy_us=Percentiles(a50, a99), round_trip_us=Percentiles(r50, r99),
         link_us_p50=max(r50 - a50, 0.0))  # fmt: skip
 
 
-def episode_json(e: EpisodeResult) -> dict[str, Any]:
+def episode_json(e: EpisodeResult) -> Event:
     """An episode as the runner reports it (its JSON event), without the act() times it does not keep."""
     return {
         "seed": e.seed,

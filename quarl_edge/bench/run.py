@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
+from quarl_edge.bench.device_run import DeviceRun
 from quarl_edge.bench.env_on_host import host_episodes
-from quarl_edge.bench.partial import PartialBench
+from quarl_edge.bench.partial import DEVICE_FIX, PartialBench, PartialKey
 from quarl_edge.bench.result import (
     EXACT_MATCH,
     FIX,
@@ -33,13 +34,11 @@ from quarl_edge.bench.result import (
     BundleInfo,
     Device,
     Harness,
-    Latency,
     LinkTiming,
     ModelResult,
     Resumed,
     Reward,
     Settings,
-    sustained_from_dict,
 )
 from quarl_edge.bench.transport import Event, Transport, local_transport
 from quarl_edge.devices.link import local_link
@@ -52,7 +51,7 @@ from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, lo
 from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import drift_scale, mean_std, paired_drift
-from quarl_edge.typed import build, load, to_json
+from quarl_edge.typed import load
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,9 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
     return args
 
 
-def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | None) -> Agreement | None:
+def _agreement(
+    manifest: Manifest, ref: Sequence[Any] | None, other: Sequence[Any] | None
+) -> Agreement | None:
     """Agreement with fp32 on the trace's states (None without a trace); in [0, 1]: a continuous action's
     error counts at most its dimension's whole range, and a non-finite action as that whole range (a model
     that answers NaN disagrees, it is not left out)."""
@@ -143,47 +144,42 @@ def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | Non
     return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs))
 
 
-def _returns(run: dict[str, Any]) -> list[float | None]:
+def _returns(run: DeviceRun) -> list[float | None]:
     """Each episode's return in seed order; None for one that failed or whose return is not finite."""
-    return [e["ret"] if e.get("error") is None and _finite(e.get("ret")) else None for e in run["episodes"]]
+    return [e.ret if e.finished else None for e in run.episodes]
 
 
-def _finite(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _reward(run: dict[str, Any]) -> Reward:
+def _reward(run: DeviceRun) -> Reward:
     rets = [r for r in _returns(run) if r is not None]
     m, s = mean_std(rets)
     return Reward(mean=m if rets else None, std=s if rets else None, episodes=len(rets),
-                  per_episode=tuple(e.get("ret") if _finite(e.get("ret")) else None for e in run["episodes"]),
-                  seeds=tuple(e.get("seed") for e in run["episodes"]))  # fmt: skip
+                  per_episode=tuple(e.ret for e in run.episodes), seeds=tuple(e.seed for e in run.episodes))  # fmt: skip
 
 
-def _warnings(run: dict[str, Any], unit_scale: bool) -> list[str]:
+def _warnings(run: DeviceRun, unit_scale: bool) -> list[str]:
     out = []
-    nonfinite = sum(e.get("nonfinite_obs", 0) for e in run["episodes"])
+    nonfinite = sum(e.nonfinite_obs for e in run.episodes)
     if nonfinite:
         out.append(f"{nonfinite} non-finite (NaN/inf) observations during episodes")
-    if run.get("replay_nonfinite_obs"):
-        out.append(f"{run['replay_nonfinite_obs']} non-finite observations in the trace were skipped")
-    for e in run["episodes"]:
-        if e.get("error"):
-            out.append(f"episode seed {e['seed']} failed: {e['error']}")
-        elif not _finite(e.get("ret")):
-            out.append(f"episode seed {e['seed']} returned {e.get('ret')}, not a finite number: left out")
+    if run.replay_nonfinite_obs:
+        out.append(f"{run.replay_nonfinite_obs} non-finite observations in the trace were skipped")
+    for e in run.episodes:
+        if e.error:
+            out.append(f"episode seed {e.seed} failed: {e.error}")
+        elif e.ret is None:
+            out.append(f"episode seed {e.seed} returned a return that is not a finite number: left out")
     if unit_scale:
         out.append("the fp32 mean return is 0: the drop is in % of one reward unit (stats.drift_scale)")
-    if run.get("torch_imported"):
+    if run.torch_imported:
         out.append("the runner imported torch or tensorflow (it must not on a device)")
-    return out + sustained_warnings(run.get("sustained"))
+    return out + sustained_warnings(None if run.sustained is None else run.sustained.to_dict())
 
 
-def _in_loop(run: dict[str, Any], hz: float | None) -> InLoopStats | None:
+def _in_loop(run: DeviceRun, hz: float | None) -> InLoopStats | None:
     """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
     if hz is None:
         return None
-    return in_loop_stats((e.get("act_ns") for e in run["episodes"]), hz, run.get("first_inference_ms"))
+    return in_loop_stats((e.act_ns for e in run.episodes), hz, run.first_inference_ms)
 
 
 def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntry]:
@@ -216,22 +212,13 @@ def board_preflight(
     return lambda facts, nbytes: check_ready(manifest, facts, where, names, on_board, nbytes)
 
 
-def partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: str) -> dict[str, Any]:
+def partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: str) -> PartialKey:
     """What a resumed bench must share with the interrupted one."""
-    return {
-        "bundle_manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
-        "device": device,
-        "models": names,
-        "seeds": cfg.seeds,
-        "threads": cfg.threads,
-        "latency_samples": cfg.latency_samples,
-        "warmup": cfg.warmup,
-        "max_steps": cfg.max_steps,
-        "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
-        "env_on_host": cfg.env_on_host,
-        "hz": cfg.hz,
-        "duration_s": cfg.duration_s,
-    }
+    return PartialKey(bundle_manifest_sha256=sha256_file(bundle / MANIFEST_NAME), device=device, models=tuple(names),
+                      seeds=tuple(cfg.seeds), threads=cfg.threads, latency_samples=cfg.latency_samples,
+                      warmup=cfg.warmup, max_steps=cfg.max_steps,
+                      trace_sha256=sha256_file(cfg.trace) if cfg.trace else None, env_on_host=cfg.env_on_host,
+                      hz=cfg.hz, duration_s=cfg.duration_s)  # fmt: skip
 
 
 def bundle_info(bundle: Path, manifest: Manifest) -> BundleInfo:
@@ -276,7 +263,7 @@ def bench(
     else:
         state = PartialBench.start(partial, key, names, cfg.seeds)
     startup: dict[str, float] = {}
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, DeviceRun] = {}
     try:
         prepare = getattr(transport, "prepare", None)
         if prepare is not None:  # a board: checked for what this bench needs before any upload
@@ -315,29 +302,27 @@ def bench(
     ), where, "run the bench again; if it repeats, the device's runner is not quarl-edge's")  # fmt: skip
 
 
-def _model_result(name: str, run: dict[str, Any], ref_run: dict[str, Any], manifest: Manifest, cfg: BenchConfig,
+def _model_result(name: str, run: DeviceRun, ref_run: DeviceRun, manifest: Manifest, cfg: BenchConfig,
                   is_ref: bool, where: str) -> ModelResult:  # fmt: skip
     """One model's results from its runner's (and the reference's) run: what the device sent is checked here."""
-    lat, ref_lat = run.get("latency"), ref_run.get("latency")
+    lat, ref_lat = run.latency, ref_run.latency
     ref_rets, rets = _returns(ref_run), _returns(run)
     drift = None if is_ref else paired_drift(ref_rets, rets)
     paired = [a for a, b in zip(ref_rets, rets, strict=True) if a is not None and b is not None]
     unit = bool(paired) and drift_scale(sum(paired) / len(paired)) != abs(sum(paired) / len(paired))
     try:
         return ModelResult(
-            name=name, format=run["format"], precision=run["precision"], runtime=run["runtime"],
+            name=name, format=run.format, precision=run.precision, runtime=run.runtime,
             toolchain=manifest.model(name).toolchain,  # converter, quantizer, runtime it was checked with
-            threads=run["threads"], size_bytes=run["size_bytes"],
-            size_ratio_vs_ref=ref_run["size_bytes"] / run["size_bytes"] if run["size_bytes"] else None,
-            load_ms=run["load_ms"], first_inference_ms=run["first_inference_ms"], peak_rss_mb=run["peak_rss_mb"],
-            latency=None if lat is None else build(Latency, lat, "latency"),
-            speedup_p50_vs_ref=ref_lat["p50_us"] / lat["p50_us"] if lat and ref_lat and lat["p50_us"] else None,
+            threads=run.threads, size_bytes=run.size_bytes,
+            size_ratio_vs_ref=ref_run.size_bytes / run.size_bytes if run.size_bytes else None,
+            load_ms=run.load_ms, first_inference_ms=run.first_inference_ms, peak_rss_mb=run.peak_rss_mb,
+            latency=lat,
+            speedup_p50_vs_ref=ref_lat.p50_us / lat.p50_us if lat and ref_lat and lat.p50_us else None,
             reward=_reward(run), drift=drift,
-            agreement=None if is_ref else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
+            agreement=None if is_ref else _agreement(manifest, ref_run.replay_actions, run.replay_actions),
             warnings=tuple(_warnings(run, unit and drift is not None)),
-            env_on_host=None if run.get("env_on_host") is None else LinkTiming.from_dict(run["env_on_host"], "env_on_host"),
-            in_loop=_in_loop(run, cfg.hz),
-            sustained=None if run.get("sustained") is None else sustained_from_dict(run["sustained"], "sustained"),
+            env_on_host=run.env_on_host, in_loop=_in_loop(run, cfg.hz), sustained=run.sustained,
         )  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{where}: model {name}: {e}") from None
@@ -352,7 +337,7 @@ def _run_model(
     state: PartialBench,
     progress: Callable[[Event], None] | None,
     startup: dict[str, float],
-) -> dict[str, Any]:
+) -> DeviceRun:
     """One model through the runner (only its missing seeds on a resume); the merged run."""
     kept = state.models[name]
     if kept.run is not None:
@@ -362,37 +347,32 @@ def _run_model(
     if measured and not seeds:
         return state.finish(name, None)
     on_board = [] if cfg.env_on_host else seeds
-    result: dict[str, Any] | None = None
+    result = None
     if not (measured and not on_board):
         result = _runner_result(name, cfg, bundle, transport, on_board, measured, state, progress, startup)
     link = None
-    if cfg.env_on_host and seeds:
-        result = dict(result or {})
-        result["episodes"], link = _episodes_on_host(
-            name, cfg, bundle, manifest, transport, seeds, state, progress
-        )
-    run = state.finish(name, result)
-    if link is not None:  # the link's timing, kept beside the device's own measurements
-        run["env_on_host"] = to_json(link)
-        state.save()
-    return run
+    if cfg.env_on_host and seeds:  # its episodes are kept in ``state`` as they finish
+        link = _episodes_on_host(name, cfg, bundle, manifest, transport, seeds, state, progress)
+    return state.finish(name, result, link)
 
 
 def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transport, seeds: list[int], measured: bool,
                    state: PartialBench, progress: Callable[[Event], None] | None,
-                   startup: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    result: dict[str, Any] | None = None
+                   startup: dict[str, float]) -> DeviceRun:  # fmt: skip
+    result: DeviceRun | None = None
+    where = "the device's runner"
     t0 = time.perf_counter()
     for ev in transport(bundle, _runner_args(cfg, name, seeds, measured)):
         kind = ev.get("event")
         if kind == "start" and name not in startup:
             startup[name] = time.perf_counter() - t0
-        if kind == "result":
-            result = ev["result"]
+        if kind == "result":  # what the device sent: checked here, before anything uses it
+            sent = ev.get("result")
+            result = load(lambda: DeviceRun.from_dict(sent, f"{where}: {name}"), where, DEVICE_FIX)  # noqa: B023
         elif kind == "error":
             raise QuarlError(ev.get("message", "runner failed"))
         else:
-            state.on_event(name, ev)
+            state.on_event(name, ev, where)
             if progress:
                 progress(ev)
     if result is None:
@@ -401,11 +381,11 @@ def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transpo
 
 
 def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manifest, transport: Transport, seeds: list[int],
-                      state: PartialBench, progress: Callable[[Event], None] | None) -> tuple[list[dict[str, Any]], LinkTiming]:  # fmt: skip
+                      state: PartialBench, progress: Callable[[Event], None] | None) -> LinkTiming:  # fmt: skip
     opener = getattr(transport, "policy_link", None)
     link = opener(bundle, name, cfg.threads) if opener is not None else local_link(bundle, name, cfg.threads)
 
-    def on_episode(ep: dict[str, Any]) -> None:
+    def on_episode(ep: Event) -> None:
         ev = {"event": "episode", "model": name, **ep}
         state.on_event(name, ev)
         if progress:
