@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -194,6 +194,7 @@ def bench(
     from quarl_edge.bench.fleet import FleetRequest, bench_fleet, parse_devices
     from quarl_edge.bench.report import printed
     from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.bench.transport import Event
     from quarl_edge.runtimes.sustained import parse_duration
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
@@ -204,7 +205,7 @@ def bench(
     per_device = model_count(bundle, cfg) * (cfg.episodes + 1)
     with progress_bars(dict.fromkeys(req.devices, per_device)) as advance:
 
-        def on_event(dev: str, ev: dict[str, Any]) -> None:
+        def on_event(dev: str, ev: Event) -> None:
             if ev.get("event") in ("episode", "latency"):
                 advance(dev, f"{dev} {ev.get('model', '')}")
 

@@ -280,11 +280,17 @@ class QATStudy:
             flag(self.qat_activations, "qat_activations")
         opt_text(self.qat_scope, "qat_scope")
 
+    ORDER = ("suite", "episodes", "seeds", "bits", "qat_activations", "qat_scope", "keep_fraction", "results",
+             "findings")  # fmt: skip
+    """the JSON's order: the QAT settings before keep_fraction"""
+
     def to_dict(self) -> dict[str, Any]:
-        body = fields_json(self)  # the JSON's order: the QAT settings before keep_fraction
-        head: dict[str, Any] = {k: body.pop(k) for k in ("suite", "episodes", "seeds", "bits")}
-        qat: dict[str, Any] = {k: body.pop(k) for k in ("qat_activations", "qat_scope") if k in body}
-        return {"format": QAT_FORMAT, "version": STUDY_VERSION, **head, **qat, **body}
+        body = fields_json(self)
+        return {
+            "format": QAT_FORMAT,
+            "version": STUDY_VERSION,
+            **{k: body[k] for k in self.ORDER if k in body},
+        }
 
     @classmethod
     def from_dict(cls, v: object, name: str) -> QATStudy:
