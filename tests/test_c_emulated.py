@@ -94,14 +94,14 @@ def toolchain(board: emulate.Status) -> Iterator[str]:
 def test_bench_c_int8_compiled_on_the_board_with_closed_loop_episodes(
     board: emulate.Status, toolchain: str, c_bundle: Callable[[str], Path]
 ) -> None:
-    from quarl_edge.bench.device import bench_on_device
+    from quarl_edge.bench.fleet import bench_on_device
     from quarl_edge.bench.run import BenchConfig
 
     bundle = c_bundle("cartpole-ppo")
     t0 = time.monotonic()
     try:
         cfg = BenchConfig(episodes=3, max_steps=200, latency_samples=200, warmup=10)
-        report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": toolchain})
+        report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": toolchain}).to_dict()
     finally:
         _ssh(board, f"rm -rf .cache/quarl-edge/bundles/{sha256_file(bundle / 'manifest.json')}")
     took = time.monotonic() - t0
