@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from quarl_edge.exporters.base import (
 )
 from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.outputs import BUNDLE, claim
+from quarl_edge.parity import parity_line, source_parity
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
@@ -181,6 +182,12 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             tune=req.tune,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+        fp32 = [e.name for e in entries if e.precision == "fp32"]
+        if fp32:  # measured on the written models, as a bench will load them
+            parity = source_parity(policy, tmp, manifest, trace, fp32)
+            log(parity_line(parity.to_dict()))
+            manifest = replace(manifest, source_parity=parity.to_dict())
+            atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         claim(req.out, BUNDLE, req.inputs())  # again, just before the swap: the export took a while
         interrupts.check()  # a Ctrl-C that a converter caught and dropped still stops the swap
     return manifest

@@ -7,6 +7,7 @@ from typing import Any
 
 from quarl_edge.bench.run import REPORT_FORMAT, REPORT_VERSION, finite_json
 from quarl_edge.outputs import Kind, json_format, text_starts_with
+from quarl_edge.parity import parity_line
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError
@@ -151,6 +152,8 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
     after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
+    if report.get("source_parity"):
+        after.append(parity_line(report["source_parity"]))
     after += sustained_lines(report)
     if dev.get("machine"):
         after.append(f"device: {facts_text(dev)}")

@@ -345,6 +345,7 @@ def bench(
             "duration_s": cfg.duration_s,
         },
         "reference": ref.name,
+        "source_parity": manifest.source_parity,
         "models": models,
         "harness": {
             **(getattr(transport, "harness", None) or {"transport": "local"}),

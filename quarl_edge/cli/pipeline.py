@@ -98,7 +98,9 @@ def train(
         return
     for line in summary_lines(policy, out):
         info(line)
-    info(f"next: quarl-edge record --policy {out} --out calibration_data/{out.name}.npz")
+    info(
+        f"next: quarl-edge record --policy {_q(out)} --out {_q(Path('calibration_data') / (out.name + '.npz'))}"
+    )
 
 
 def record(
@@ -128,9 +130,25 @@ def record(
                     "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
         return
     info(f"recorded {trace.samples} steps in {trace.episodes} episodes to {out} (sha256 {trace.sha256[:12]})")
-    info(
-        f"next: quarl-edge export --policy {policy} --calibration {out} --to onnx-fp32,onnx-int8 --out bundles/NAME"
-    )
+    # the env is in the calibration file's metadata: the export finds it there without --env
+    flags = _flags(("--algo", algo), ("--vecnormalize", vecnormalize))
+    info(f"next: quarl-edge export --policy {_q(policy)}{flags} --calibration {_q(out)} --to onnx-fp32,onnx-int8 "
+         f"--out {_q(Path('bundles') / _stem(policy))}")  # fmt: skip
+
+
+def _q(value: object) -> str:
+    import shlex
+
+    return shlex.quote(str(value))
+
+
+def _flags(*pairs: tuple[str, object | None]) -> str:
+    """`` --flag value`` for each option the user gave, quoted for the shell, so a hint runs as printed."""
+    return "".join(f" {flag} {_q(value)}" for flag, value in pairs if value is not None)
+
+
+def _stem(policy: Path) -> str:
+    return (policy.stem if policy.suffix else policy.name) or "policy"
 
 
 def export(
@@ -156,7 +174,7 @@ def export(
     cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
                        float_io_layers=not full_int8)  # fmt: skip
     targets = tuple(resolve_targets(to))
-    pol = load_policy(policy, env, algo, vecnormalize)
+    pol = load_policy(policy, env, algo, vecnormalize, calibration=calibration)
     reads = (("policy", policy), ("VecNormalize file", vecnormalize))
     manifest = export_bundle(
         pol,
@@ -168,7 +186,7 @@ def export(
         return
     rows = [[m.name, m.file, f"{m.size_bytes / 1024:.1f} KiB", m.sha256[:12]] for m in manifest.models]
     table(f"bundle {out}", ["model", "file", "size", "sha256"], rows)
-    info(f"next: quarl-edge bench --bundle {out} --out reports/{out.name}.json")
+    info(f"next: quarl-edge bench --bundle {_q(out)} --out {_q(Path('reports') / (out.name + '.json'))}")
 
 
 def bench(

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,13 @@ from torch import nn
 
 from quarl_edge.policy.format import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, convert
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
 from quarl_edge.runtimes.spec import PolicySpec
-from quarl_edge.train.qat import QATClock, convert
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -203,6 +204,10 @@ class Policy:
     arch: NetArch
     net: PolicyNet
     extra: dict[str, Any] = field(default_factory=dict)
+    reference: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False, compare=False)
+    """the source's own deterministic actions for raw observations [N, ...] (an imported zip: SB3's
+    ``predict``), what the exported fp32 models are checked against; None: the torch module itself"""
+    reference_name: str = "the checkpoint's torch module"
 
     def predict(self, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of observations (numpy in, numpy out)."""

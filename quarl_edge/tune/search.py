@@ -218,7 +218,7 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     ``stage`` hears each stage's start (the CLI's progress bar)."""
     t0 = time.monotonic()
     profile = load_profile(cfg.device, cfg.overrides)
-    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize)
+    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, calibration=cfg.calibration)
     stage("check the device")
     facts = check_device(profile).facts
     if profile.transport != "local":  # the closed loop runs there: its env packages, before any work
