@@ -289,6 +289,7 @@ def gate(
     from quarl_edge.bench.fleet_report import is_fleet_report
     from quarl_edge.bench.report import read_report
     from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
+    from quarl_edge.tune.verify import check_tune_json
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
@@ -297,6 +298,7 @@ def gate(
         _gate_fleet(report, cfg, junit, markdown, as_json)
         return
     data = read_report(report)
+    check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
