@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from quarl_edge.policy.net import Policy
@@ -73,6 +74,16 @@ class ExportConfig:
             if twice is not None:
                 raise InputError(f"float_layers names {twice!r} twice", "name each layer once")
             object.__setattr__(self, "float_layers", names)
+
+
+def extra_inputs(policy: Policy, batch: int) -> dict[str, torch.Tensor]:
+    """The graph's inputs after the observation, in order, as example tensors of ``batch`` rows: the
+    action mask of a masked policy (all allowed; the mask acts after the output layer, so calibrating
+    with every action allowed sees the same activations as any mask)."""
+    out: dict[str, torch.Tensor] = {}
+    if policy.arch.action_mask:
+        out["action_mask"] = torch.ones((batch, policy.spec.action_space.logits), dtype=torch.float32)
+    return out
 
 
 def compute_layers(policy: Policy) -> list[str]:

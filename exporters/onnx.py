@@ -25,6 +25,7 @@ from quarl_edge.exporters.base import (
     ExportContext,
     ExportedModel,
     compute_layers,
+    extra_inputs,
     quantized_layers,
     register,
     reraise_interrupt,
@@ -74,6 +75,7 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
     example = torch.zeros((2, *obs_space.shape), dtype=dtype)
+    extras = extra_inputs(policy, 2)
     batch = torch.export.Dim("batch", min=1, max=65536)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" noise
     with warnings.catch_warnings():
@@ -81,12 +83,12 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
         try:
             program = torch.onnx.export(
                 policy.net,
-                (example,),
+                (example, *extras.values()),
                 dynamo=True,
                 external_data=False,
-                input_names=[INPUT_NAME],
+                input_names=[INPUT_NAME, *extras],
                 output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: batch},),
+                dynamic_shapes=tuple({0: batch} for _ in range(1 + len(extras))),
                 opset_version=ctx.config.opset,
                 verbose=False,
                 optimize=True,
@@ -135,7 +137,9 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
 class _Reader:
     """onnxruntime.quantization CalibrationDataReader over recorded observations."""
 
-    def __init__(self, obs: np.ndarray, dtype: np.dtype, batch: int = 64) -> None:
+    def __init__(
+        self, obs: np.ndarray, dtype: np.dtype, batch: int = 64, policy: Policy | None = None
+    ) -> None:
         # All batches the same size (the largest divisor of the sample count up to `batch`): ORT's
         # histogram calibrators (percentile, entropy) np.asarray the per-batch outputs together and
         # fail on a short last batch.
@@ -144,10 +148,11 @@ class _Reader:
             np.ascontiguousarray(obs[i : i + batch], dtype=dtype) for i in range(0, len(obs), batch)
         ]
         self._it = iter(self._batches)
+        self._extras = {k: v.numpy() for k, v in extra_inputs(policy, batch).items()} if policy else {}
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         b = next(self._it, None)
-        return None if b is None else {INPUT_NAME: b}
+        return None if b is None else {INPUT_NAME: b, **self._extras}
 
     def rewind(self) -> None:
         self._it = iter(self._batches)
@@ -345,7 +350,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     _quantize_qdq(
         pre,
         path,
-        _Reader(dummy, dummy.dtype),
+        _Reader(dummy, dummy.dtype, policy=plain),
         cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
@@ -420,7 +425,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy),
         cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
@@ -481,7 +486,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy),
         cfg.activation_type,
         weight_type=QuantType.QInt4,
         per_channel=per_channel,

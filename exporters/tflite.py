@@ -38,6 +38,7 @@ from quarl_edge.exporters.base import (
     ExportedModel,
     Requirement,
     compute_layers,
+    extra_inputs,
     missing_dependency,
     quantized_layers,
     register,
@@ -111,6 +112,11 @@ def _example(policy: Policy, batch: int = 1) -> torch.Tensor:
     return torch.zeros((batch, *space.shape), dtype=dtype)
 
 
+def _args(policy: Policy, batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """Every graph input, in order: the observation, then extra_inputs (an action mask)."""
+    return (_example(policy, batch), *extra_inputs(policy, batch).values())
+
+
 # ---- conversion and its failures -------------------------------------------------------------------
 
 _OP = re.compile(r"(?:Lowering not found|not supported|unsupported)[^:]*:\s*(?:torch\.ops\.)?([\w.]+)", re.I)
@@ -154,7 +160,7 @@ def _convert(
     example = _example(policy)
     try:
         with _quiet(), torch.no_grad():
-            model = litert_torch.convert(module or policy.net, (example,), quant_config=quant_config)
+            model = litert_torch.convert(module or policy.net, _args(policy), quant_config=quant_config)
             model.export(str(path))
     except Exception as e:  # the converter raises many types; name the layer the user can act on
         reraise_interrupt(e)
@@ -381,15 +387,14 @@ def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
     assert ctx.calibration is not None
     batch = torch.export.Dim("batch", min=1, max=65536)
     with _quiet():
-        program = torch.export.export(
-            ctx.policy.net, (_example(ctx.policy, 2),), dynamic_shapes=({0: batch},)
-        )
+        args = _args(ctx.policy, 2)
+        program = torch.export.export(ctx.policy.net, args, dynamic_shapes=tuple({0: batch} for _ in args))
         prepared = prepare_pt2e(program.module(), quantizer)
         dtype = _example(ctx.policy).dtype  # float64 observations (MuJoCo) are fed as float32
         with torch.no_grad():
             for i in range(0, len(ctx.calibration), CALIBRATION_BATCH):
                 chunk = np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])
-                prepared(torch.as_tensor(chunk).to(dtype))
+                prepared(torch.as_tensor(chunk).to(dtype), *_args(ctx.policy, len(chunk))[1:])
         return convert_pt2e(prepared, fold_quantize=False)
 
 
@@ -414,10 +419,10 @@ def _learned_ranges(
 
     layer_ops = {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default}
     with _quiet():
-        program = torch.export.export(ctx.policy.net, (_example(ctx.policy, 1),))
+        program = torch.export.export(ctx.policy.net, _args(ctx.policy, 1))
         prepared = prepare_pt2e(program.module(), quantizer)
         with torch.no_grad():
-            prepared(_example(ctx.policy, 1))
+            prepared(*_args(ctx.policy, 1))
     observers = {
         n.name: n
         for n in prepared.graph.nodes

@@ -14,7 +14,8 @@ from quarl_edge.policy.algos import LAYOUTS
 from quarl_edge.policy.importers import detect
 from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import Policy
-from quarl_edge.runtimes.spec import SpaceSpec
+from quarl_edge.runtimes.envs import DICT_OBS
+from quarl_edge.runtimes.spec import SpaceSpec, WrapperConfig
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Inspection:
     env_from: str | None
     """where the env id was found (--env, file name, args.yml, calibration file metadata, the checkpoint)"""
     observation_space: dict[str, Any]
+    """what the model takes (a Dict observation flattened, see observation_keys)"""
+    observation_keys: tuple[dict[str, Any], ...]
+    """a Dict observation's entries (key, shape), in the order they are flattened; () otherwise"""
     action_space: dict[str, Any]
     model: str
     layers: tuple[Layer, ...]
@@ -61,6 +65,15 @@ class Inspection:
 
 def _space(s: SpaceSpec) -> dict[str, Any]:
     return {k: v for k, v in s.to_dict().items() if v is not None}
+
+
+def _keys(wrappers: tuple[WrapperConfig, ...]) -> tuple[dict[str, Any], ...]:
+    w = next((w for w in wrappers if w.name == DICT_OBS), None)
+    if w is None:
+        return ()
+    return tuple(
+        {"key": k, "shape": list(sh)} for k, sh in zip(w.kwargs["keys"], w.kwargs["shapes"], strict=True)
+    )
 
 
 def inspect_policy(path: str | Path, **kwargs: Any) -> Inspection:
@@ -91,6 +104,7 @@ def inspect_policy(path: str | Path, **kwargs: Any) -> Inspection:
         env_from=str(spec.train.get("env_from") or ("the checkpoint" if source == "checkpoint" else ""))
         or None,
         observation_space=_space(spec.observation_space),
+        observation_keys=_keys(spec.env.wrappers),
         action_space=_space(spec.action_space),
         model=arch.model,
         layers=layers,
@@ -121,7 +135,15 @@ def lines(ins: Inspection) -> list[tuple[str, str]]:
         ("source", ins.source),
         ("algorithm", ins.algo + (f" ({ins.library})" if ins.library else "")),
         ("environment", ins.env_id + (f" (from {ins.env_from})" if ins.env_from else "")),
-        ("observation", space(ins.observation_space)),
+        (
+            "observation",
+            space(ins.observation_space)
+            + (
+                " <- dict " + ", ".join(f"{k['key']} {k['shape']}" for k in ins.observation_keys)
+                if ins.observation_keys
+                else ""
+            ),
+        ),
         ("action", space(ins.action_space)),
         ("model", f"{ins.model}, {ins.activation}, head {ins.head}"),
         ("layers", layers),

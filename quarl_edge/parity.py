@@ -71,8 +71,8 @@ def compare_actions(
     space: SpaceSpec, ref: np.ndarray, got: np.ndarray
 ) -> tuple[float, float | None, float | None]:
     """(agreement, max |Δa|, mean |Δa|) of two action arrays of one action space."""
-    if space.is_discrete:
-        return float(np.mean(ref.reshape(len(ref)) == got.reshape(len(got)))), None, None
+    if space.is_integer:  # per component for MultiDiscrete / MultiBinary
+        return float(np.mean(ref.reshape(len(ref), -1) == got.reshape(len(got), -1))), None, None
     a = ref.astype(np.float64).reshape(len(ref), -1)
     b = got.astype(np.float64).reshape(len(got), -1)
     low, high = bounds(space)
@@ -94,8 +94,11 @@ def source_parity(policy: Policy, bundle: Path, manifest: Manifest, trace: Trace
         else np.ones(len(obs), bool)
     )
     obs = obs[rows]
+    masks = trace.action_masks[rows] if trace.action_masks is not None and policy.arch.action_mask else None
     try:
-        ref = np.asarray(policy.reference(obs) if policy.reference is not None else policy.predict(obs))
+        ref = np.asarray(
+            policy.reference(obs, masks) if policy.reference is not None else policy.predict(obs, masks)
+        )
     except QuarlError as e:
         return SourceParity(name, error=str(e))
     except Exception as e:  # the source library's own load or predict failing is a finding, not a crash

@@ -15,7 +15,7 @@ import numpy as np
 from quarl_edge import __version__
 from quarl_edge.outputs import TRACE, claim
 from quarl_edge.policy.net import Policy
-from quarl_edge.runtimes.envs import bounds, make_env
+from quarl_edge.runtimes.envs import action_masks, bounds, make_env, random_action
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.trace import Trace, check_fits, make_trace, save_trace
 
@@ -45,9 +45,10 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     spec = policy.spec
     rng = np.random.default_rng(cfg.seed)
     env = make_env(spec.env)
-    obs_l, act_l, rew_l, done_l, ep_l, seeds = [], [], [], [], [], []
+    obs_l, act_l, rew_l, done_l, ep_l, seeds, mask_l = [], [], [], [], [], [], []
     discrete = spec.action_space.is_discrete
-    if not discrete:
+    integer = spec.action_space.is_integer
+    if not integer:
         low, high = bounds(spec.action_space)
         low, high = low.astype(np.float32), high.astype(np.float32)
     try:
@@ -58,10 +59,14 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
             env.action_space.seed(seed)
             steps = 0
             while True:
-                action = policy.act(obs)
-                if discrete:
+                mask = action_masks(env)  # MaskablePPO's envs: the allowed actions, an input at every step
+                action = policy.act(obs, mask) if mask is not None else policy.act(obs)
+                if discrete and mask is None:
                     if rng.random() < cfg.epsilon:
                         action = int(rng.integers(spec.action_space.n or 1))
+                elif integer:
+                    if rng.random() < cfg.epsilon:
+                        action = random_action(env.action_space, mask)
                 elif cfg.epsilon > 0:
                     action = np.clip(
                         action + rng.normal(0, cfg.epsilon, action.shape) * (high - low), low, high
@@ -72,6 +77,8 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
                 end = bool(term or trunc or (cfg.max_steps is not None and steps >= cfg.max_steps))
                 obs_l.append(np.asarray(obs))
                 act_l.append(action)
+                if mask is not None:
+                    mask_l.append(mask)
                 rew_l.append(float(r))
                 done_l.append(end)
                 ep_l.append(ep)
@@ -98,7 +105,8 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     }
     return make_trace(
         obs=np.stack(obs_l).astype(spec.observation_space.dtype),
-        actions=np.asarray(act_l, dtype=np.int64 if discrete else np.float32),
+        actions=np.asarray(act_l, dtype=np.int64 if integer else np.float32),
+        action_masks=np.stack(mask_l) if mask_l and len(mask_l) == len(obs_l) else None,
         rewards=np.asarray(rew_l),
         dones=np.asarray(done_l),
         episode_ids=np.asarray(ep_l),

@@ -1,7 +1,8 @@
 """Recorded rollouts (calibration data and replay traces): one .npz of plain arrays, no pickle.
 
 Arrays: ``obs`` [N, *obs_shape], ``actions`` [N, *act_shape], ``rewards`` [N], ``dones`` [N] (episode
-ended after this step), ``episode_ids`` [N], ``seeds`` [E]; ``meta`` is a JSON string and
+ended after this step), ``episode_ids`` [N], ``seeds`` [E], and where the env has them ``action_masks``
+[N, logits] (the allowed actions at each step, an input of a masked policy); ``meta`` is a JSON string and
 ``content_sha256`` hashes every array (name, dtype, shape, bytes) so a load can prove the content is
 what was recorded, whatever the zip container looks like.
 """
@@ -24,6 +25,8 @@ from .fsutil import atomic_write_bytes
 TRACE_FORMAT = "quarl-edge/trace"
 TRACE_VERSION = 1
 _ARRAYS = ("obs", "actions", "rewards", "dones", "episode_ids", "seeds")
+OPTIONAL = ("action_masks",)
+"""per-step arrays only some traces have; hashed when present (older traces hash as before)"""
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Trace:
     seeds: np.ndarray
     meta: dict[str, Any]
     sha256: str
+    action_masks: np.ndarray | None = None
 
     @property
     def samples(self) -> int:
@@ -56,12 +60,13 @@ class Trace:
         idx = np.sort(np.random.default_rng(seed).choice(self.samples, size=max_samples, replace=False))
         arrays = {k: getattr(self, k)[idx] for k in ("obs", "actions", "rewards", "dones", "episode_ids")}
         meta = dict(self.meta, subsampled_from=self.sha256, subsample_size=int(max_samples))
-        return make_trace(seeds=self.seeds, meta=meta, **arrays)
+        masks = None if self.action_masks is None else self.action_masks[idx]
+        return make_trace(seeds=self.seeds, meta=meta, action_masks=masks, **arrays)
 
 
 def content_hash(arrays: dict[str, np.ndarray], meta_json: str) -> str:
     h = hashlib.sha256()
-    for name in _ARRAYS:
+    for name in _ARRAYS + tuple(k for k in OPTIONAL if k in arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
@@ -78,6 +83,7 @@ def make_trace(
     episode_ids: np.ndarray,
     seeds: np.ndarray,
     meta: dict[str, Any],
+    action_masks: np.ndarray | None = None,
 ) -> Trace:
     arrays = {
         "obs": np.asarray(obs),
@@ -87,13 +93,15 @@ def make_trace(
         "episode_ids": np.asarray(episode_ids, dtype=np.int32),
         "seeds": np.asarray(seeds, dtype=np.int64),
     }
+    if action_masks is not None:
+        arrays["action_masks"] = np.asarray(action_masks, dtype=np.float32)
     n = arrays["obs"].shape[0]
-    for k in ("actions", "rewards", "dones", "episode_ids"):
+    for k in ("actions", "rewards", "dones", "episode_ids", *(k for k in OPTIONAL if k in arrays)):
         if arrays[k].shape[0] != n:
             raise InputError(f"trace arrays disagree in length ({k}: {arrays[k].shape[0]} vs obs: {n})")
     meta = dict(meta, format=TRACE_FORMAT, version=TRACE_VERSION, samples=int(n))
     meta_json = json.dumps(meta, sort_keys=True)
-    return Trace(meta=meta, sha256=content_hash(arrays, meta_json), **arrays)
+    return Trace(meta=meta, sha256=content_hash(arrays, meta_json), **arrays)  # type: ignore[arg-type]
 
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
@@ -105,6 +113,7 @@ def save_trace(trace: Trace, path: str | Path) -> Path:
     np.savez_compressed(
         buf,
         **{k: getattr(trace, k) for k in _ARRAYS},
+        **{k: getattr(trace, k) for k in OPTIONAL if getattr(trace, k) is not None},
         meta=np.array(meta_json),
         content_sha256=np.array(trace.sha256),
     )
@@ -123,7 +132,7 @@ def check_arrays(arrays: dict[str, np.ndarray], where: str) -> None:
         raise InputError(f"trace {where!r} has no recorded steps", fix)
     if obs.ndim > 9:
         raise InputError(f"trace {where!r}: observations of {obs.ndim - 1} dimensions", fix)
-    for name in ("actions", "rewards", "dones", "episode_ids"):
+    for name in ("actions", "rewards", "dones", "episode_ids", *(k for k in OPTIONAL if k in arrays)):
         a = arrays[name]
         if a.ndim < 1 or a.shape[0] != obs.shape[0]:
             raise InputError(
@@ -163,6 +172,7 @@ def load_trace(path: str | Path) -> Trace:
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in _ARRAYS}
+            arrays.update({k: z[k] for k in OPTIONAL if k in z.files})
             meta_json = str(z["meta"][()])
             stored = str(z["content_sha256"][()])
     except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:

@@ -109,8 +109,8 @@ def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | Non
     if not pairs:
         return None
     space = manifest.policy.action_space
-    if space.is_discrete:
-        match = float(np.mean([int(a) == int(b) for a, b in pairs]))
+    if space.is_integer:  # per component for MultiDiscrete / MultiBinary actions
+        match = float(np.mean([np.mean(np.asarray(a) == np.asarray(b)) for a, b in pairs]))
         return {"metric": "exact_match_rate", "value": match, "samples": len(pairs)}
     a = np.asarray([p[0] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
     b = np.asarray([p[1] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)

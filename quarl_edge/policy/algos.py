@@ -85,6 +85,11 @@ def algo_from_data(data: dict[str, object]) -> str | None:
     for algo, mod in _CONTRIB_MODULES.items():
         if module.startswith(f"sb3_contrib.{mod}."):
             return algo
+    # MaskablePPO's and RecurrentPPO's policy classes live in sb3-contrib's common package
+    if module.startswith("sb3_contrib.common.maskable."):
+        return "ppo_mask"
+    if module.startswith("sb3_contrib.common.recurrent."):
+        return "ppo_lstm"
     # SB3's DDPG is TD3 with policy_delay=1 and target noise clipped to 0, sharing TD3's policy class
     if (
         ".td3." in module

@@ -37,7 +37,9 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "elu": nn.ELU,
     "leaky_relu": nn.LeakyReLU,
 }
-HEADS = ("argmax", "clip", "tanh_unscale", "identity")
+HEADS = ("argmax", "clip", "tanh_unscale", "identity", "multi_argmax", "binary")
+MASKED_LOGIT = -1e8
+"""what a masked-out action's logit becomes (sb3-contrib's MaskableCategorical: HUGE_NEG)"""
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class NetArch:
 
     head: ``argmax`` (discrete: logits or Q-values -> action index), ``clip`` (Gaussian mean clipped to
     the action bounds, as SB3 PPO/A2C predict), ``tanh_unscale`` (SAC/TD3/DDPG: tanh then rescale from
-    [-1, 1] to the action bounds), ``identity``.
+    [-1, 1] to the action bounds), ``identity``, ``multi_argmax`` (MultiDiscrete: an argmax per
+    component over its slice of the logits), ``binary`` (MultiBinary: logit > 0, Bernoulli's mode).
     """
 
     model: str  # "mlp" | "nature_cnn"
@@ -62,6 +65,8 @@ class NetArch:
     qat: QATConfig | None = None
     """set for quantization-aware-trained policies (bits, activations, delay, ...); the net then runs
     with fake quantization (weights on the n-bit grid, activations over the ranges learned in training)"""
+    action_mask: bool = False
+    """the graph takes an action mask (1 allowed, 0 not, one per logit) as a second input (MaskablePPO)"""
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "nature_cnn"):
@@ -72,6 +77,8 @@ class NetArch:
             )
         if self.head not in HEADS:
             raise InputError(f"unsupported action head {self.head!r}", f"supported: {', '.join(HEADS)}")
+        if self.action_mask and self.head not in ("argmax", "multi_argmax"):
+            raise InputError(f"an action mask with the {self.head!r} head", "masks apply to discrete actions")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -94,7 +101,7 @@ class NetArch:
         )
         for k in ("model", "activation", "head"):
             d[k] = schema.text(d.get(k), f"checkpoint arch {k}", fix, 64)
-        for k in ("scale_uint8", "obs_norm"):
+        for k in ("scale_uint8", "obs_norm", "action_mask"):
             if not isinstance(d.get(k, False), bool):
                 raise InputError(f"checkpoint arch {k} is not true/false", fix)
         for k in ("norm_clip", "norm_eps"):
@@ -114,6 +121,8 @@ class NetArch:
         if self.obs_norm:
             steps.append("obs_normalize")
         steps.append(self.model if not self.qat else f"{self.model}[qat{self.qat.bits}]")
+        if self.action_mask:
+            steps.append("action_mask")
         steps.append(self.head)
         return tuple(steps)
 
@@ -162,6 +171,8 @@ class PolicyNet(nn.Module):
         self.out = nn.Linear(in_dim, arch.out_dim)
         if arch.qat:
             convert(self, arch.qat, QATClock(delay=0))  # deployed: fake quantization on from step 0
+        self.nvec = [int(v) for v in spec.action_space.nvec or ()]
+        self.action_shape = tuple(spec.action_space.shape)
         if arch.head in ("clip", "tanh_unscale"):
             low, high = bounds(spec.action_space)
             self.register_buffer("act_low", torch.as_tensor(low, dtype=torch.float32).reshape(-1))
@@ -184,11 +195,18 @@ class PolicyNet(nn.Module):
         """The network output before the action head (logits, Q-values or pre-tanh action)."""
         return self.out(self.features(obs))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> torch.Tensor:
         y = self.logits(obs)
         head = self.arch.head
+        if action_mask is not None:
+            y = torch.where(action_mask > 0.5, y, torch.full_like(y, MASKED_LOGIT))
         if head == "argmax":
             return torch.argmax(y, dim=1)
+        if head == "multi_argmax":
+            parts = [torch.argmax(p, dim=1) for p in torch.split(y, self.nvec, dim=1)]
+            return torch.stack(parts, dim=1).reshape(-1, *self.action_shape)
+        if head == "binary":
+            return (y > 0).to(torch.int64).reshape(-1, *self.action_shape)
         if head == "clip":
             return torch.minimum(torch.maximum(y, self.act_low), self.act_high)
         if head == "tanh_unscale":
@@ -204,19 +222,35 @@ class Policy:
     arch: NetArch
     net: PolicyNet
     extra: dict[str, Any] = field(default_factory=dict)
-    reference: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False, compare=False)
-    """the source's own deterministic actions for raw observations [N, ...] (an imported zip: SB3's
-    ``predict``), what the exported fp32 models are checked against; None: the torch module itself"""
+    reference: Callable[..., np.ndarray] | None = field(default=None, repr=False, compare=False)
+    """the source's own deterministic actions for raw observations [N, ...] and action masks [N, logits]
+    or None (an imported zip: SB3's ``predict``), what the exported fp32 models are checked against;
+    None: the torch module itself"""
     reference_name: str = "the checkpoint's torch module"
 
-    def predict(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for a batch of observations (numpy in, numpy out)."""
+    def predict(self, obs: np.ndarray, action_mask: np.ndarray | None = None) -> np.ndarray:
+        """Actions for a batch of observations (numpy in, numpy out); ``action_mask`` [N, logits] for a
+        masked policy (None: every action allowed)."""
         with torch.no_grad():
-            return self.net(torch.as_tensor(np.asarray(obs))).numpy()
+            x = torch.as_tensor(np.asarray(obs))
+            if not self.arch.action_mask:
+                return self.net(x).numpy()
+            n = self.spec.action_space.logits
+            mask = (
+                np.ones((len(x), n), np.float32)
+                if action_mask is None
+                else np.asarray(action_mask, np.float32)
+            )
+            return self.net(x, torch.as_tensor(mask.reshape(len(x), n))).numpy()
 
-    def act(self, obs: np.ndarray) -> Any:
-        a = self.predict(np.asarray(obs)[None])[0]
-        return int(a) if self.spec.action_space.is_discrete else a.astype(np.float32)
+    def act(self, obs: np.ndarray, action_mask: np.ndarray | None = None) -> Any:
+        a = self.predict(
+            np.asarray(obs)[None], None if action_mask is None else np.asarray(action_mask)[None]
+        )[0]
+        space = self.spec.action_space
+        if space.is_discrete:
+            return int(a)
+        return a.astype(np.int64 if space.is_integer else np.float32)
 
 
 def build_policy(spec: PolicySpec, arch: NetArch, state: dict[str, torch.Tensor] | None = None) -> Policy:

@@ -13,15 +13,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces as gym_spaces
 
 from quarl_edge.policy.algos import IMPORTABLE, LAYOUTS, SQUASHED
 from quarl_edge.policy.net import NetArch, Policy, build_policy
 from quarl_edge.policy.registry import env_config
 from quarl_edge.policy.vecnormalize import VecNormStats
 from quarl_edge.quant.config import QATConfig
-from quarl_edge.runtimes.envs import make_env, space_spec
+from quarl_edge.runtimes.envs import DICT_OBS, flatten_dict_wrapper, make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.spec import PolicySpec
+from quarl_edge.runtimes.spec import PolicySpec, WrapperConfig
 
 ACTIVATION_NAMES = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "LeakyReLU": "leaky_relu"}
 
@@ -156,6 +157,10 @@ def policy_from_parts(
     obs_space, act_space = base.observation_space, base.action_space
     if act_space.is_discrete:
         head = "argmax"
+    elif act_space.kind == "multi_discrete":
+        head = "multi_argmax"
+    elif act_space.kind == "multi_binary":
+        head = "binary"
     elif parts.algo in SQUASHED or parts.squash_output:
         head = "tanh_unscale"
     else:
@@ -174,6 +179,7 @@ def policy_from_parts(
         norm_eps=float(vecnorm.epsilon) if vecnorm else 1e-8,
         cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
         qat=parts.qat,
+        action_mask=LAYOUTS[parts.algo].mask if parts.algo in LAYOUTS else False,
     )
     state: dict[str, torch.Tensor] = {}
     if cnn:
@@ -222,12 +228,30 @@ def parts_from_model(model: Any, algo: str, qat: QATConfig | None = None) -> SB3
     )
 
 
+def dict_obs_wrapper(space: Any, env_id: str) -> WrapperConfig:
+    """SB3's CombinedExtractor over vector entries is their concatenation in the Dict space's (sorted)
+    key order: the same flattening, held by the deployed policy. Image entries (a CNN per key) are not
+    rebuilt."""
+    images = [k for k, s in space.spaces.items() if len(s.shape) == 3 and s.dtype == np.uint8]
+    if images or not all(isinstance(s, gym_spaces.Box) for s in space.spaces.values()):
+        raise InputError(
+            f"{env_id!r} has Dict observations with {'image entries ' + repr(images) if images else 'non-Box entries'}",
+            "quarl-edge rebuilds MultiInputPolicy over vector entries (goal-conditioned agents, DM Control); "
+            "export the network yourself to ONNX and import it with --io",
+        )
+    return flatten_dict_wrapper(space, DICT_OBS)
+
+
 def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
     """A PolicySpec with the env's real spaces (the env is made once to read them)."""
     cfg = env_config(env_id)
     env = make_env(cfg)
     try:
-        obs, act = space_spec(env.observation_space), space_spec(env.action_space)
+        space = env.observation_space
+        if isinstance(space, gym_spaces.Dict):  # MultiInputPolicy: the policy flattens the env's dict
+            cfg = replace(cfg, wrappers=(*cfg.wrappers, dict_obs_wrapper(space, env_id)))
+            space = make_env(cfg).observation_space
+        obs, act = space_spec(space), space_spec(env.action_space)
     finally:
         env.close()
     return PolicySpec(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge.policy.vecnormalize import VecNormStats
-from quarl_edge.runtimes.envs import make_env
+from quarl_edge.runtimes.envs import DICT_OBS, make_env
 from quarl_edge.runtimes.errors import MissingDependencyError
 from quarl_edge.runtimes.spec import EnvConfig
 
@@ -84,7 +84,7 @@ def _stand_in(key: str, type_name: str) -> Any:
 
 def sb3_reference(
     path: Path, algo: str, data: dict[str, Any], env: EnvConfig, vecnorm: VecNormStats | None
-) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
+) -> tuple[str, Callable[..., np.ndarray]]:
     """(what it is, a function raw observations [N, ...] -> the source's deterministic actions [N, ...]).
     The model is loaded on the first call."""
     package, cls_name = _ALGO_CLASSES[algo]
@@ -95,6 +95,9 @@ def sb3_reference(
     except PackageNotFoundError:
         label = f"{cls_name}.predict ({package.replace('_', '-')}, not installed)"
     model: list[Any] = []
+    dict_obs = next((w.kwargs for w in env.wrappers if w.name == DICT_OBS), None)
+    keys = list(dict_obs["keys"]) if dict_obs else None
+    shapes = [tuple(sh) for sh in dict_obs["shapes"]] if dict_obs else []
 
     def load() -> Any:
         try:
@@ -105,12 +108,14 @@ def sb3_reference(
                 f"the parity reference of {path.name!r} needs {package.replace('_', '-')}",
                 f"install it with: pip install 'quarl-edge[{extra}]'",
             ) from None
-        made = make_env(env)
+        made = make_env(env, policy_side=False)  # the env's own spaces (a Dict observation as a dict)
         try:
             # what predict needs is the policy; the rest only has to construct: a schedule a constant,
             # a numpy scalar 0, train_freq a step count, any other pickled object absent
             custom: dict[str, Any] = {k: _stand_in(k, str(v.get(":type:"))) for k, v in data.items()
                                       if isinstance(v, dict) and ":serialized:" in v}  # fmt: skip
+            if "replay_buffer_kwargs" in data:  # a HER buffer's arguments, for the default buffer it gets
+                custom["replay_buffer_kwargs"] = {}
             custom.update(
                 observation_space=made.observation_space,
                 action_space=made.action_space,
@@ -121,16 +126,25 @@ def sb3_reference(
             made.close()
         return algo_cls.load(path, custom_objects=custom, device="cpu")
 
-    def predict(obs: np.ndarray) -> np.ndarray:
+    def predict(obs: np.ndarray, action_masks: np.ndarray | None = None) -> np.ndarray:
         if not model:
             model.append(load())
-        x = np.asarray(obs)
-        if vecnorm is not None:
+        x: Any = np.asarray(obs)
+        if keys is not None:  # the trace holds the flattened dict: SB3 takes the dict
+            cuts = np.cumsum([int(np.prod(sh)) for sh in shapes])[:-1]
+            x = {
+                k: part.reshape(len(part), *sh)
+                for k, sh, part in zip(keys, shapes, np.split(x, cuts, axis=1), strict=True)
+            }
+        elif vecnorm is not None:
             shape = x.shape[1:]
             mean, var = vecnorm.mean.reshape(shape), vecnorm.var.reshape(shape)
             x = np.clip((x - mean) / np.sqrt(var + vecnorm.epsilon), -vecnorm.clip_obs, vecnorm.clip_obs)
             x = x.astype(np.float32)
-        actions, _ = model[0].predict(x, deterministic=True)
+        if action_masks is not None:  # MaskablePPO: the allowed actions at each recorded step
+            actions, _ = model[0].predict(x, deterministic=True, action_masks=np.asarray(action_masks) > 0.5)
+        else:
+            actions, _ = model[0].predict(x, deterministic=True)
         return np.asarray(actions)
 
     return label, predict
