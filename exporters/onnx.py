@@ -25,7 +25,9 @@ from quarl_edge.exporters.base import (
     ExportContext,
     ExportedModel,
     compute_layers,
+    dynamic_shapes,
     extra_inputs,
+    output_names,
     quantized_layers,
     register,
     reraise_interrupt,
@@ -76,6 +78,7 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
     example = torch.zeros((2, *obs_space.shape), dtype=dtype)
     extras = extra_inputs(policy, 2)
+    names = [INPUT_NAME, *extras]
     batch = torch.export.Dim("batch", min=1, max=65536)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" noise
     with warnings.catch_warnings():
@@ -86,9 +89,9 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
                 (example, *extras.values()),
                 dynamo=True,
                 external_data=False,
-                input_names=[INPUT_NAME, *extras],
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=tuple({0: batch} for _ in range(1 + len(extras))),
+                input_names=names,
+                output_names=output_names(policy, OUTPUT_NAME),
+                dynamic_shapes=dynamic_shapes(policy, batch),
                 opset_version=ctx.config.opset,
                 verbose=False,
                 optimize=True,
@@ -138,7 +141,12 @@ class _Reader:
     """onnxruntime.quantization CalibrationDataReader over recorded observations."""
 
     def __init__(
-        self, obs: np.ndarray, dtype: np.dtype, batch: int = 64, policy: Policy | None = None
+        self,
+        obs: np.ndarray,
+        dtype: np.dtype,
+        batch: int = 64,
+        policy: Policy | None = None,
+        state: tuple[np.ndarray, ...] = (),
     ) -> None:
         # All batches the same size (the largest divisor of the sample count up to `batch`): ORT's
         # histogram calibrators (percentile, entropy) np.asarray the per-batch outputs together and
@@ -147,15 +155,21 @@ class _Reader:
         self._batches = [
             np.ascontiguousarray(obs[i : i + batch], dtype=dtype) for i in range(0, len(obs), batch)
         ]
-        self._it = iter(self._batches)
         self._extras = {k: v.numpy() for k, v in extra_inputs(policy, batch).items()} if policy else {}
+        # a recurrent policy's recorded states ([N, layers, hidden] -> [layers, batch, hidden] per batch)
+        names = [st.input for st in policy.spec.state] if policy else []
+        self._states = [
+            {n: np.ascontiguousarray(np.swapaxes(s[i : i + batch], 0, 1), np.float32) for n, s in zip(names, state, strict=True)}
+            for i in range(0, len(obs), batch)
+        ] if state else [{} for _ in self._batches]  # fmt: skip
+        self._it = iter(zip(self._batches, self._states, strict=True))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        b = next(self._it, None)
-        return None if b is None else {INPUT_NAME: b, **self._extras}
+        item = next(self._it, None)
+        return None if item is None else {INPUT_NAME: item[0], **self._extras, **item[1]}
 
     def rewind(self) -> None:
-        self._it = iter(self._batches)
+        self._it = iter(zip(self._batches, self._states, strict=True))
 
 
 def _qdq_params(path: Path) -> dict[str, Any]:
@@ -425,7 +439,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype, policy=ctx.policy),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy, state=ctx.calibration_state),
         cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
@@ -486,7 +500,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype, policy=ctx.policy),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy, state=ctx.calibration_state),
         cfg.activation_type,
         weight_type=QuantType.QInt4,
         per_channel=per_channel,

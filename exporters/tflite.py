@@ -38,6 +38,7 @@ from quarl_edge.exporters.base import (
     ExportedModel,
     Requirement,
     compute_layers,
+    dynamic_shapes,
     extra_inputs,
     missing_dependency,
     quantized_layers,
@@ -387,14 +388,20 @@ def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
     assert ctx.calibration is not None
     batch = torch.export.Dim("batch", min=1, max=65536)
     with _quiet():
-        args = _args(ctx.policy, 2)
-        program = torch.export.export(ctx.policy.net, args, dynamic_shapes=tuple({0: batch} for _ in args))
+        program = torch.export.export(
+            ctx.policy.net, _args(ctx.policy, 2), dynamic_shapes=dynamic_shapes(ctx.policy, batch)
+        )
         prepared = prepare_pt2e(program.module(), quantizer)
         dtype = _example(ctx.policy).dtype  # float64 observations (MuJoCo) are fed as float32
         with torch.no_grad():
             for i in range(0, len(ctx.calibration), CALIBRATION_BATCH):
                 chunk = np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])
-                prepared(torch.as_tensor(chunk).to(dtype), *_args(ctx.policy, len(chunk))[1:])
+                extras = list(_args(ctx.policy, len(chunk))[1:])
+                if ctx.calibration_state:  # a recurrent policy's recorded states, [layers, batch, hidden]
+                    k = len(extras) - len(ctx.calibration_state)
+                    extras[k:] = [torch.as_tensor(np.swapaxes(st[i : i + CALIBRATION_BATCH], 0, 1).copy())
+                                  for st in ctx.calibration_state]  # fmt: skip
+                prepared(torch.as_tensor(chunk).to(dtype), *extras)
         return convert_pt2e(prepared, fold_quantize=False)
 
 

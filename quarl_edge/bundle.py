@@ -114,9 +114,14 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
     calib = _calibration(policy, req, log)
-    calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
+    idx = calib.subsample_index(req.config.max_calibration_samples, seed=1)
+    calib_obs = calib.obs[idx]
+    # a recurrent policy's state at every calibration step: the torch policy run over the recorded episodes
+    calib_state = tuple(s[idx] for s in policy.run_sequence(calib.obs, calib.action_masks, calib.episode_starts())[1]) \
+        if policy.arch.recurrent else ()  # fmt: skip
     if calib_obs.dtype.kind == "f":  # NaN/inf rows would poison the calibrated ranges
-        calib_obs = calib_obs[np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)]
+        finite = np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)
+        calib_obs, calib_state = calib_obs[finite], tuple(s[finite] for s in calib_state)
     if len(calib_obs) == 0 and any(t in NEEDS_CALIBRATION for t in targets):
         raise InputError(
             "the calibration data has no finite observations", "record it again with `quarl-edge record`"
@@ -136,6 +141,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                 calibration=calib_obs[: job.config.max_calibration_samples]
                 if job.target in NEEDS_CALIBRATION
                 else None,
+                calibration_state=tuple(s[: job.config.max_calibration_samples] for s in calib_state),
                 config=job.config,
                 workdir=Path(work),
                 **qat_fields,  # type: ignore[arg-type]
@@ -157,7 +163,8 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                     toolchain=out.toolchain,
                 )
             )
-        trace = calib.subsample(TRACE_SAMPLES, seed=2)
+        # a recurrent policy replays whole episodes in order; others any spread of steps
+        trace = calib.head(TRACE_SAMPLES) if policy.spec.state else calib.subsample(TRACE_SAMPLES, seed=2)
         save_trace(trace, tmp / "trace.npz")
         calibration = {
             "file": str(req.calibration) if req.calibration else None,

@@ -112,7 +112,9 @@ def inspect_policy(path: str | Path, **kwargs: Any) -> Inspection:
         head=arch.head,
         normalization=norm,
         scale_uint8=arch.scale_uint8,
-        recurrent_state=(),
+        recurrent_state=tuple(
+            {"name": st.input, "output": st.output, "shape": list(st.shape)} for st in spec.state
+        ),
         action_mask=bool(layout and layout.mask),
         graph_steps=tuple(spec.graph_steps),
     )

@@ -95,10 +95,12 @@ def source_parity(policy: Policy, bundle: Path, manifest: Manifest, trace: Trace
     )
     obs = obs[rows]
     masks = trace.action_masks[rows] if trace.action_masks is not None and policy.arch.action_mask else None
+    starts = trace.episode_starts()[rows]  # a recurrent policy: its state zeroed at each episode's start
     try:
-        ref = np.asarray(
-            policy.reference(obs, masks) if policy.reference is not None else policy.predict(obs, masks)
-        )
+        if policy.reference is not None:
+            ref = np.asarray(policy.reference(obs, masks, starts))
+        else:
+            ref = np.asarray(policy.predict(obs, masks, starts))
     except QuarlError as e:
         return SourceParity(name, error=str(e))
     except Exception as e:  # the source library's own load or predict failing is a finding, not a crash

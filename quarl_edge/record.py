@@ -57,6 +57,7 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
             seeds.append(seed)
             obs, _ = env.reset(seed=seed)
             env.action_space.seed(seed)
+            policy.reset()  # a recurrent policy's state starts each episode at zeros
             steps = 0
             while True:
                 mask = action_masks(env)  # MaskablePPO's envs: the allowed actions, an input at every step

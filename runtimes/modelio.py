@@ -18,13 +18,43 @@ MASK_STEP = "action_mask"
 
 
 class ModelInputs:
+    """The action mask of the next call, and the recurrent state (PolicySpec.state): fed with every
+    call, replaced by the graph's state outputs after it, zeros after ``reset()``. The state is kept
+    per batch size (one environment for ``act``; ``act_batch``'s N rows are N environments)."""
+
     def __init__(self, spec: PolicySpec) -> None:
         self.mask_len: int | None = spec.action_space.logits if MASK_STEP in spec.graph_steps else None
         self._mask: np.ndarray | None = None
+        self.state_specs = spec.state
+        self._state: list[np.ndarray] | None = None
 
     @property
     def active(self) -> bool:
-        return self.mask_len is not None
+        return self.mask_len is not None or bool(self.state_specs)
+
+    def reset(self) -> None:
+        """A new episode: the recurrent state back to zeros."""
+        self._state = None
+
+    @property
+    def state(self) -> tuple[np.ndarray, ...]:
+        """The recurrent state the next call feeds (zeros after a reset), a copy."""
+        return tuple(s.copy() for s in self._states(1 if self._state is None else self._rows()))
+
+    def _rows(self) -> int:
+        assert self._state is not None
+        st = self.state_specs[0]
+        return int(self._state[0].shape[st.batch_axis])
+
+    def _states(self, rows: int) -> list[np.ndarray]:
+        if self._state is not None and self._rows() == rows:
+            return self._state
+        out = []
+        for st in self.state_specs:
+            shape = list(st.shape)
+            shape[st.batch_axis] = rows
+            out.append(np.zeros(shape, np.float32))
+        return out
 
     def set_mask(self, mask: Any, rows: int | None) -> None:
         """The mask of the next call (``rows``: None for one observation, else a batch of that many);
@@ -60,7 +90,11 @@ class ModelInputs:
                 m = np.ones((len(batch), self.mask_len), np.float32)
             feeds.append(m)
         self._mask = None
-        return session.run_io(feeds)[0]
+        feeds.extend(self._states(len(batch)) if self.state_specs else [])
+        outs = session.run_io(feeds)
+        if self.state_specs:  # the graph's state outputs, in the order of its state inputs
+            self._state = [np.asarray(o, np.float32) for o in outs[1 : 1 + len(self.state_specs)]]
+        return outs[0]
 
 
 class DictInput:

@@ -221,10 +221,12 @@ class Policy:
     # -- the control loop ---------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Start a new episode: forget the observations of the last one (the frame stack) and its last
-        action (``on_nonfinite="hold"`` never carries an action into a new episode)."""
+        """Start a new episode: forget the observations of the last one (the frame stack), the recurrent
+        state (zeros: what the manifest's ``policy.state`` says at an episode start) and the last action
+        (``on_nonfinite="hold"`` never carries an action into a new episode)."""
         for s in self._stacks:
             s.reset()
+        self._io.reset()  # a recurrent policy's state: zeros
         self._last = None
 
     def act(self, obs: ArrayLike, action_mask: ArrayLike | None = None) -> Action:
@@ -367,6 +369,12 @@ class Policy:
         return raw.astype(self._action_dtype(), copy=False).reshape(n, *self._action_shape())
 
     @property
+    def recurrent_state(self) -> tuple[np.ndarray, ...]:
+        """A recurrent policy's state as the next ``act`` feeds it (zeros after ``reset()``), a copy;
+        () for a feed-forward policy. Its names and shapes: ``policy.spec.state``."""
+        return self._io.state if self._io.state_specs else ()
+
+    @property
     def action_mask_size(self) -> int | None:
         """A masked policy's mask length (one entry per logit: ``act(obs, action_mask=...)``), else None."""
         return self._io.mask_len
@@ -421,6 +429,7 @@ class Policy:
             if self._fp32 is not None and self._fp32 is not self.session:
                 self._run_on(self._fp32, batch)
         self.warmup_ns = self.warmup_ns + tuple(times)
+        self._io.reset()  # warm-up calls must not leave a recurrent state behind
 
     @property
     def info(self) -> PolicyInfo:

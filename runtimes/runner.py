@@ -132,7 +132,8 @@ class PolicyRunner:
         self.threads = threads
         self.session: ModelSession = self.policy.session
         # one inference as a control loop calls it: the model's extra inputs (an action mask) included
-        self.infer = self.session.run if self.policy.action_mask_size is None else self.policy.run_batch
+        plain = self.policy.action_mask_size is None and not self.spec.state
+        self.infer = self.session.run if plain else self.policy.run_batch
         self.load_ns = self.policy.load_ns
 
     @property
@@ -212,7 +213,10 @@ class PolicyRunner:
         dtype = np.int64 if self.spec.action_space.is_integer else np.float32
         actions = np.full((obs.shape[0], *act_shape), -1 if dtype == np.int64 else np.nan, dtype=dtype)
         masks = trace.action_masks if self.policy.action_mask_size is not None else None
+        starts = trace.episode_starts()
         for i in np.flatnonzero(valid):
+            if starts[i]:  # a recurrent policy replays each episode in order from a zero state
+                self.policy.reset()
             actions[i] = self.act_batch(obs[i : i + 1], None if masks is None else masks[i : i + 1])[0]
         return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
 

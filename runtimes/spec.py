@@ -171,6 +171,32 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class StateSpec:
+    """One recurrent state tensor carried between steps: fed as graph input ``input``, read back from
+    graph output ``output`` after every step, zeros at every episode start (``policy.reset()``)."""
+
+    input: str
+    output: str
+    shape: tuple[int, ...]
+    """its shape for one environment, the batch axis of size 1 (e.g. [layers, 1, hidden])"""
+    batch_axis: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "output": self.output, "shape": list(self.shape),
+                "batch_axis": self.batch_axis, "reset": "zeros at every episode start"}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StateSpec:
+        d = schema.obj(d, "policy spec state", FIX)
+        shape = schema.shape(d.get("shape"), "policy spec state shape", FIX)
+        axis = schema.integer(d.get("batch_axis", 1), "policy spec state batch_axis", FIX, 0, 7)
+        if axis >= len(shape) or shape[axis] != 1:
+            raise InputError("policy spec state has no batch axis of size 1", FIX)
+        return cls(schema.text(d.get("input"), "state input", FIX, 128),
+                   schema.text(d.get("output"), "state output", FIX, 128), shape, axis)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     """Spaces, preprocessing and postprocessing of a deterministic policy.
 
@@ -189,6 +215,8 @@ class PolicySpec:
     source: str = "quarl-edge train"
     train: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    state: tuple[StateSpec, ...] = ()
+    """the recurrent state the graph takes and returns after the observation (and an action mask)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -202,6 +230,7 @@ class PolicySpec:
             "graph_steps": list(self.graph_steps),
             "source": self.source,
             "train": dict(self.train),
+            **({"state": [st.to_dict() for st in self.state]} if self.state else {}),
         }
 
     @classmethod
@@ -225,8 +254,15 @@ class PolicySpec:
                 source=schema.text(d.get("source", ""), "policy spec source", FIX),
                 train=dict(schema.obj(d.get("train", {}), "policy spec train", FIX)),
                 schema_version=version,
+                state=tuple(StateSpec.from_dict(x) for x in _items(d.get("state", []), "policy spec state")),
             )
         except schema.MALFORMED as e:
             raise InputError(
                 f"malformed policy spec (missing or bad field: {type(e).__name__}: {str(e)[:120]})", FIX
             ) from None
+
+
+def _items(v: Any, where: str) -> list[Any]:
+    if not isinstance(v, list) or len(v) > 16:
+        raise InputError(f"{where} is not a list of at most 16 entries", FIX)
+    return v

@@ -53,11 +53,35 @@ class Trace:
         ids = self.episode_ids.astype(np.int64)
         return np.bincount(ids, weights=self.rewards.astype(np.float64), minlength=self.episodes)
 
+    def subsample_index(self, max_samples: int, seed: int = 0) -> np.ndarray:
+        """The rows ``subsample`` keeps, in order."""
+        if self.samples <= max_samples:
+            return np.arange(self.samples)
+        return np.sort(np.random.default_rng(seed).choice(self.samples, size=max_samples, replace=False))
+
+    def episode_starts(self) -> np.ndarray:
+        """True at each row that starts an episode (a recurrent policy's state is zeroed there)."""
+        ids = self.episode_ids
+        return np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
+
+    def head(self, max_samples: int) -> Trace:
+        """The first whole episodes, at most ``max_samples`` steps (the first episode cut there if it is
+        longer): for a recurrent policy, whose replay needs every step of an episode in order."""
+        if self.samples <= max_samples:
+            return self
+        ends = np.flatnonzero(np.r_[self.episode_starts()[1:], True])
+        k = int(ends[ends < max_samples].max()) + 1 if (ends < max_samples).any() else max_samples
+        arrays = {n: getattr(self, n)[:k] for n in ("obs", "actions", "rewards", "dones", "episode_ids")}
+        ids = np.unique(arrays["episode_ids"])
+        meta = dict(self.meta, head_of=self.sha256, head_size=k)
+        masks = None if self.action_masks is None else self.action_masks[:k]
+        return make_trace(seeds=self.seeds[: int(ids.max()) + 1], meta=meta, action_masks=masks, **arrays)
+
     def subsample(self, max_samples: int, seed: int = 0) -> Trace:
         """An evenly spread subset of at most ``max_samples`` steps (for bundles and replays)."""
         if self.samples <= max_samples:
             return self
-        idx = np.sort(np.random.default_rng(seed).choice(self.samples, size=max_samples, replace=False))
+        idx = self.subsample_index(max_samples, seed)
         arrays = {k: getattr(self, k)[idx] for k in ("obs", "actions", "rewards", "dones", "episode_ids")}
         meta = dict(self.meta, subsampled_from=self.sha256, subsample_size=int(max_samples))
         masks = None if self.action_masks is None else self.action_masks[idx]

@@ -69,7 +69,7 @@ def actor_layers(parts: SB3Parts) -> tuple[str, list[str], str]:
     s, algo = parts.state, parts.algo
     layout = LAYOUTS.get(algo)
     kind = layout.kind if layout else ""
-    if kind == "actor_critic":
+    if kind in ("actor_critic", "recurrent"):
         fx = _features_prefix(s, ("pi_features_extractor.", "features_extractor."))
         hidden, out = _linear_chain(s, "mlp_extractor.policy_net."), "action_net."
     elif kind in ("q", "quantile", "ars", "actor_chain"):
@@ -138,6 +138,18 @@ def _folded(parts: SB3Parts, layer: str, quantile_actions: int | None = None) ->
     return out
 
 
+def _recurrent(s: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """RecurrentPPO's actor LSTM (``lstm_actor``; with shared_lstm the same module): its size."""
+    if "lstm_actor.weight_hh_l0" not in s:
+        return {}
+    layers = sum(1 for k in s if re.fullmatch(r"lstm_actor\.weight_ih_l\d+", k))
+    return {
+        "recurrent": "lstm",
+        "rnn_hidden": int(s["lstm_actor.weight_hh_l0"].shape[1]),
+        "rnn_layers": layers,
+    }
+
+
 def policy_from_parts(
     parts: SB3Parts,
     base: PolicySpec,
@@ -180,12 +192,17 @@ def policy_from_parts(
         cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
         qat=parts.qat,
         action_mask=LAYOUTS[parts.algo].mask if parts.algo in LAYOUTS else False,
+        **_recurrent(s),
     )
     state: dict[str, torch.Tensor] = {}
     if cnn:
         for i in (0, 2, 4):
             _copy_layer(s, f"{fx}cnn.{i}.", f"cnn.{i}.", state)
         _copy_layer(s, f"{fx}linear.0.", "cnn_fc.0.", state)
+    for i in range(arch.rnn_layers if arch.recurrent else 0):  # RecurrentPPO's actor LSTM
+        for src, dst in (("ih", "ih"), ("hh", "hh")):
+            state[f"rnn.{dst}{i}.weight"] = s[f"lstm_actor.weight_{src}_l{i}"]
+            state[f"rnn.{dst}{i}.bias"] = s[f"lstm_actor.bias_{src}_l{i}"]
     for j, h in enumerate(hidden):
         state.update({f"mlp.{2 * j}.{k}": v for k, v in _folded(parts, h).items()})
     state.update({f"out.{k}": v for k, v in _folded(parts, out, quantiles).items()})

@@ -126,7 +126,8 @@ def sb3_reference(
             made.close()
         return algo_cls.load(path, custom_objects=custom, device="cpu")
 
-    def predict(obs: np.ndarray, action_masks: np.ndarray | None = None) -> np.ndarray:
+    def predict(obs: np.ndarray, action_masks: np.ndarray | None = None,
+                episode_starts: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         if not model:
             model.append(load())
         x: Any = np.asarray(obs)
@@ -141,6 +142,14 @@ def sb3_reference(
             mean, var = vecnorm.mean.reshape(shape), vecnorm.var.reshape(shape)
             x = np.clip((x - mean) / np.sqrt(var + vecnorm.epsilon), -vecnorm.clip_obs, vecnorm.clip_obs)
             x = x.astype(np.float32)
+        if algo == "ppo_lstm":  # RecurrentPPO: one step at a time, its state carried, reset per episode
+            starts = np.zeros(len(x), bool) if episode_starts is None else np.asarray(episode_starts, bool)
+            state, out = None, []
+            for i in range(len(x)):
+                a, state = model[0].predict(x[i : i + 1], state=state, episode_start=starts[i : i + 1] | (i == 0),
+                                            deterministic=True)  # fmt: skip
+                out.append(a[0])
+            return np.asarray(out)
         if action_masks is not None:  # MaskablePPO: the allowed actions at each recorded step
             actions, _ = model[0].predict(x, deterministic=True, action_masks=np.asarray(action_masks) > 0.5)
         else:
