@@ -35,7 +35,7 @@ from quarl_edge.runtimes.fsutil import (
 )
 from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
-from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
+from quarl_edge.runtimes.trace import Trace, load_observations, save_trace
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -74,8 +74,8 @@ class BundleRequest:
 
 
 def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Trace:
-    if req.calibration is not None:
-        trace = load_trace(req.calibration)
+    if req.calibration is not None:  # a recorded trace, or observations a robot logged (no env here)
+        trace = load_observations(req.calibration)
         check_trace_fits(trace, policy, req.calibration)
         return trace
     log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")

@@ -51,13 +51,18 @@ class GateConfig:
     """largest allowed p99 single-inference latency, milliseconds"""
     max_miss_rate_pct: float | None = None
     """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
+    max_action_error: float | None = None
+    """largest allowed action error vs fp32 on the recorded observations: max |Δa| in action units for
+    continuous actions, the share of differing actions for discrete ones (reports whose reward was not
+    measured, because the environment cannot run here, are gated by this)"""
 
     def __post_init__(self) -> None:
         # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
         for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
                                      ("--min-agreement", self.min_agreement, "0.95"),
                                      ("--max-p99-ms", self.max_p99_ms, "5"),
-                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%")):  # fmt: skip
+                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%"),
+                                     ("--max-action-error", self.max_action_error, "0.05")):  # fmt: skip
             if value is not None and not math.isfinite(value):
                 raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
         if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
@@ -66,6 +71,8 @@ class GateConfig:
             raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
         if self.max_p99_ms is not None and self.max_p99_ms <= 0:
             raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
+        if self.max_action_error is not None and self.max_action_error < 0:
+            raise InputError("--max-action-error must be >= 0", "e.g. --max-action-error 0.05")
         if self.max_miss_rate_pct is not None and not 0 <= self.max_miss_rate_pct <= 100:
             raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
 
@@ -128,9 +135,20 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
     checks: list[Check] = []
     for m in report["models"]:
         name, is_ref = m["name"], m["name"] == report["reference"]
-        if cfg.max_reward_drop_pct is not None and not is_ref:
+        unmeasured = report.get("reward_not_measured")
+        if (
+            cfg.max_reward_drop_pct is not None
+            and not is_ref
+            and unmeasured
+            and cfg.max_action_error is not None
+        ):
+            pass  # reward not measured (no env here): the action error stands in, and says so below
+        elif cfg.max_reward_drop_pct is not None and not is_ref:
             drop = (m.get("drift") or {}).get("reward_drop_pct")
-            if drop is None:
+            if drop is None and unmeasured:
+                checks.append(Check(name, "reward_drop", False, None, cfg.max_reward_drop_pct,
+                                    f"{name}: reward not measured ({unmeasured}); gate it with --max-action-error"))  # fmt: skip
+            elif drop is None:
                 checks.append(Check(name, "reward_drop", False, None, cfg.max_reward_drop_pct,
                                     f"{name}: no paired episodes to measure reward drop"))  # fmt: skip
             else:
@@ -149,6 +167,8 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
                 checks.append(Check(name, "agreement", ok, agree, cfg.min_agreement,
                                     f"{name}: agreement {agree:.4f} {'>=' if ok else '<'} {cfg.min_agreement:g}"
                                     + ("" if ok else f" (short by {cfg.min_agreement - agree:.4f})")))  # fmt: skip
+        if cfg.max_action_error is not None and not is_ref:
+            checks.append(_action_error_check(name, m.get("agreement"), cfg.max_action_error, unmeasured))
         if cfg.max_p99_ms is not None:
             p99 = (m.get("latency") or {}).get("p99_us")
             if p99 is None:
@@ -163,6 +183,22 @@ def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
         if cfg.max_miss_rate_pct is not None:
             checks.append(_miss_check(name, m.get("in_loop"), cfg.max_miss_rate_pct))
     return checks
+
+
+def _action_error_check(name: str, agreement: Any, limit: float, unmeasured: str | None) -> Check:
+    a = agreement or {}
+    if a.get("max_abs_diff") is not None:
+        err, what = float(a["max_abs_diff"]), "max |Δa|"
+    elif a.get("value") is not None:  # discrete: the share of steps whose action differs
+        err, what = 1.0 - float(a["value"]), "differing actions"
+    else:
+        return Check(
+            name, "action_error", False, None, limit, f"{name}: no trace replay to measure the action error"
+        )
+    ok = err <= limit
+    why = " (reward not measured: the environment cannot run here)" if unmeasured else ""
+    return Check(name, "action_error", ok, err, limit,
+                 f"{name}: action error {what} {err:.4g} {'<=' if ok else '>'} {limit:g}{why}")  # fmt: skip
 
 
 def _miss_check(name: str, loop: Any, limit: float) -> Check:

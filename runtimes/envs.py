@@ -183,6 +183,12 @@ def make_env(config: EnvConfig, render_mode: str | None = None, *, policy_side: 
 
     if not policy_side:
         config = split_wrappers(config)[0]
+    if config.family == "external":  # Isaac Sim, a robot: nothing here can step it
+        raise InputError(
+            f"the policy's environment {config.id!r} cannot run here",
+            "use recorded observations instead: export --calibration OBS.npz; bench then measures latency and "
+            "action error, and reports reward as not measured",
+        )
 
     import_env_modules(config)
     kwargs = dict(config.make_kwargs)

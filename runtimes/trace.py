@@ -220,3 +220,46 @@ def load_trace(path: str | Path) -> Trace:
         )
     check_arrays(arrays, str(path))
     return Trace(meta=meta, sha256=stored, **arrays)
+
+
+OBSERVATIONS_FIX = "save them with np.savez(path, obs=OBS[N, ...], episode_ids=IDS[N]) (episode_ids optional)"
+
+
+def load_observations(path: str | Path) -> Trace:
+    """A recorded trace, or a plain ``.npz`` of observations a robot logged (``obs`` [N, ...], optional
+    ``episode_ids`` [N] or ``dones`` [N]; no pickle): where the environment cannot run here, these stand
+    in for rollouts (calibration, action agreement, latency). Rewards are not recorded in it: the
+    trace's meta says so, and nothing reads its zero rewards as returns."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"observation file {str(path)!r} does not exist", OBSERVATIONS_FIX)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "content_sha256" in z.files:
+                is_trace = True
+            else:
+                is_trace = False
+                if "obs" not in z.files:
+                    raise InputError(f"{str(path)!r} has no 'obs' array", OBSERVATIONS_FIX)
+                obs = z["obs"]
+                ids = z["episode_ids"] if "episode_ids" in z.files else None
+                dones = z["dones"] if "dones" in z.files else None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise IntegrityError(
+            f"{str(path)!r} is not a readable .npz ({type(e).__name__}: {e})", OBSERVATIONS_FIX
+        ) from None
+    if is_trace:
+        return load_trace(path)
+    n = int(obs.shape[0]) if obs.ndim else 0
+    if ids is None and dones is not None:
+        d = np.asarray(dones, bool).reshape(-1)
+        ids = np.r_[0, np.cumsum(d[:-1])] if len(d) == n else None
+    if ids is None:
+        ids = np.zeros(n, np.int64)
+    ids = np.asarray(ids)
+    arrays = {"obs": obs, "actions": np.zeros(n, np.float32), "rewards": np.zeros(n, np.float32),
+              "dones": np.r_[ids[1:] != ids[:-1], True] if n else np.zeros(0, bool), "episode_ids": ids,
+              "seeds": np.arange(int(ids.max()) + 1 if n else 0)}  # fmt: skip
+    check_arrays(arrays, str(path))
+    meta = {"source": "recorded observations", "file": path.name, "rewards": "not recorded", "env_id": None}
+    return make_trace(meta=meta, **arrays)

@@ -75,7 +75,9 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 _f(lat.get("p50_us"), "{:.1f}"),
                 _f(lat.get("p99_us"), "{:.1f}"),
                 _f(m.get("speedup_p50_vs_ref"), "{:.2f}x"),
-                f"{_f(rew.get('mean'), '{:.1f}')} ± {_f(rew.get('std'), '{:.1f}')}",
+                "not measured"
+                if report.get("reward_not_measured")
+                else f"{_f(rew.get('mean'), '{:.1f}')} ± {_f(rew.get('std'), '{:.1f}')}",
                 "ref" if m["name"] == report["reference"] else _f(drift.get("reward_drop_pct"), "{:+.2f}%"),
                 "" if None in ci else f"[{-100 * ci[1] + 0.0:+.2f}%, {-100 * ci[0] + 0.0:+.2f}%]",
                 _f(agree.get("value"), "{:.3f}", ""),
@@ -152,6 +154,10 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
     threads = report["settings"]["threads"]
     title = f"{report['bundle']['policy']} on {dev['name']} ({threads} thread{emulated})"
     after = [runtimes_line(report)] + ([in_loop_line(report)] if _has_in_loop(report) else [])
+    if report.get("reward_not_measured"):
+        after.append(f"reward: not measured ({report['reward_not_measured']}); latency and the action error "
+                     "against fp32 on the recorded observations were")  # fmt: skip
+        after.extend(action_error_lines(report))
     if report.get("source_parity"):
         after.append(parity_line(report["source_parity"]))
     after += sustained_lines(report)
@@ -163,6 +169,17 @@ def print_lines(report: dict[str, Any], out: Path | None) -> tuple[list[tuple[st
             + (" --max-miss-rate 1%" if _has_in_loop(report) else "")
         )
     return before, title, after
+
+
+def action_error_lines(report: dict[str, Any]) -> list[str]:
+    """Each quantized model's action error against fp32 on the trace, in action units."""
+    out = []
+    for m in report["models"]:
+        a = m.get("agreement") or {}
+        if a.get("max_abs_diff") is not None:
+            out.append(f"{m['name']}: action error vs fp32 mean {a['mean_abs_diff']:.4g}, p99 {a['p99_abs_diff']:.4g}, "
+                       f"max {a['max_abs_diff']:.4g} (action units, {a['samples']} observations)")  # fmt: skip
+    return out
 
 
 def harness_line(report: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import datetime as _dt
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +118,16 @@ def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | Non
     rng = (high - low).reshape(-1)
     rng = np.where(np.isfinite(rng) & (rng > 0), rng, 1.0)
     mad = float(np.mean(np.abs(a - b) / rng))
+    diff = np.abs(a - b)
     return {
         "metric": "1 - mean_abs_diff/action_range",
         "value": 1.0 - mad,
         "mean_abs_diff_rel": mad,
         "samples": len(pairs),
+        # the action error in action units (gate --max-action-error judges max_abs_diff)
+        "mean_abs_diff": float(diff.mean()),
+        "p99_abs_diff": float(np.percentile(diff.max(axis=1), 99)),
+        "max_abs_diff": float(diff.max()),
     }
 
 
@@ -264,6 +269,10 @@ def bench(
     """
     bundle = Path(bundle)
     manifest, names, ref = plan(bundle, cfg)
+    not_measured = None
+    if manifest.policy.env.family == "external":  # recorded observations stand in: no episodes to run
+        not_measured = f"the policy's environment {manifest.policy.env.id!r} cannot run here"
+        cfg = replace(cfg, episodes=0)
     if resume and partial is None:
         raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
     device = dict(device or {"name": "local", "emulated": False})
@@ -345,6 +354,7 @@ def bench(
             "duration_s": cfg.duration_s,
         },
         "reference": ref.name,
+        "reward_not_measured": not_measured,
         "source_parity": manifest.source_parity,
         "models": models,
         "harness": {

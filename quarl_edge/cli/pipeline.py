@@ -280,6 +280,7 @@ def gate(
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
     max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
+    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32 on the trace: max |Δa| in action units (discrete: share of differing actions); for reports whose reward was not measured")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
@@ -293,7 +294,8 @@ def gate(
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
-                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate),
+                     max_action_error=max_action_error)  # fmt: skip
     if is_fleet_report(report):
         _gate_fleet(report, cfg, junit, markdown, as_json)
         return

@@ -49,6 +49,7 @@ BUILTIN = (
     "quarl_edge.policy.checkpoint_source",
     "quarl_edge.policy.zoo_folder",
     "quarl_edge.policy.sb3_zip",
+    "quarl_edge.policy.rsl_rl",
 )
 """importer modules, in detection order (a folder of ours before an RL Zoo folder; sb3-contrib before
 SB3, which takes any other zip to report what is wrong with it)"""
