@@ -72,8 +72,12 @@ def input_dtype(obs_space: Any) -> np.dtype:
 
 
 def export_fp32(ctx: ExportContext, path: Path) -> Path:
-    """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch."""
+    """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch; a foreign
+    ONNX policy's own graph as it was imported (policy/onnx_source.py)."""
     policy = ctx.policy
+    if policy.source_model is not None:
+        path.write_bytes(policy.source_model)
+        return path
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
     example = torch.zeros((2, *obs_space.shape), dtype=dtype)
@@ -110,7 +114,10 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
 @register("onnx-fp32")
 def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     export_fp32(ctx, path)
-    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), _toolchain())
+    tools = (
+        _toolchain() if ctx.policy.source_model is None else {"converter": "none: the imported ONNX graph"}
+    )
+    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), tools)
 
 
 @register("onnx-fp16")
@@ -407,6 +414,8 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
 
     if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
+    if ctx.policy.source_model is not None:
+        return _export_int8_foreign(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
     ctx = replace(ctx, policy=ctx.quantizable)
     cfg = ctx.config
@@ -464,6 +473,49 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     import onnxruntime
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
+
+
+def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
+    """A foreign ONNX graph quantized as ORT quantizes any graph (QDQ, calibrated on the recorded
+    observations and, for a recurrent graph, the states the fp32 graph had at each of them). ORT's QDQ
+    quantizer has no LSTM/GRU kernels: a recurrent cell stays float, and the manifest says so."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+
+    cfg = ctx.config
+    if ctx.calibration is None or len(ctx.calibration) == 0:
+        raise InputError("int8 export needs calibration observations", "pass --calibration OBS.npz")
+    fp32 = export_fp32(ctx, ctx.workdir / "foreign-src.fp32.onnx")
+    dims = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim
+    batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 64
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+              "entropy": CalibrationMethod.Entropy}[cfg.calibration_method]  # fmt: skip
+    extra: dict[str, Any] = (
+        {"CalibPercentile": cfg.percentile} if cfg.calibration_method == "percentile" else {}
+    )
+    reader = _Reader(ctx.calibration, np.dtype(np.float32), batch, ctx.policy, ctx.calibration_state)
+    _quantize_qdq(fp32, path, reader, cfg.activation_type, weight_type=QuantType.QInt8,
+                  per_channel=bool(cfg.per_channel), calibrate_method=method, extra_options=extra)  # fmt: skip
+    model = onnx.load(str(path))
+    float_ops = sorted({n.op_type for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")})
+    quant = {
+        "scheme": _scheme(cfg.activation_type) + " (a foreign graph: every op ORT quantizes)",
+        "calibration_method": cfg.calibration_method,
+        "calibration_samples": int(len(ctx.calibration)),
+        "activation_type": cfg.activation_type,
+        "float_recurrent_ops": float_ops,
+        **(
+            {"note": f"{', '.join(float_ops)} stays float: ONNX Runtime has no int8 kernel for it"}
+            if float_ops
+            else {}
+        ),
+        **_qdq_params(path),
+    }
+    import onnxruntime
+
+    tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    tools["converter"] = "none: the imported ONNX graph"
     return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
 
 

@@ -158,6 +158,9 @@ def _convert(
 ) -> Path:
     """litert_torch.convert with a batch-1 signature, written to ``path``; one-line errors naming the layer."""
     litert_torch = _litert_torch(name)
+    if policy.source_model is not None:
+        raise InputError(f"{name} converts a torch module, and this policy is an imported ONNX graph",
+                         "export it to onnx-fp32, onnx-fp16 or onnx-int8")  # fmt: skip
     example = _example(policy)
     try:
         with _quiet(), torch.no_grad():
@@ -532,6 +535,9 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
 
 @register("tflite-int8", calibrated=True, requires=TFLITE)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
+    if ctx.policy.source_model is not None:
+        raise InputError("tflite-int8 converts a torch module, and this policy is an imported ONNX graph",
+                         "export it to onnx-fp32, onnx-fp16 or onnx-int8")  # fmt: skip
     if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated

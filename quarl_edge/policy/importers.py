@@ -50,6 +50,7 @@ BUILTIN = (
     "quarl_edge.policy.zoo_folder",
     "quarl_edge.policy.sb3_zip",
     "quarl_edge.policy.rsl_rl",
+    "quarl_edge.policy.onnx_source",
 )
 """importer modules, in detection order (a folder of ours before an RL Zoo folder; sb3-contrib before
 SB3, which takes any other zip to report what is wrong with it)"""

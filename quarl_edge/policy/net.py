@@ -295,6 +295,9 @@ class Policy:
     or None (an imported zip: SB3's ``predict``), what the exported fp32 models are checked against;
     None: the torch module itself"""
     reference_name: str = "the checkpoint's torch module"
+    source_model: bytes | None = field(default=None, repr=False, compare=False)
+    """a foreign ONNX policy's graph (policy/onnx_source.py): the fp32 model the ONNX exporters copy and
+    quantize; None: the torch module is exported"""
 
     def predict(
         self,
