@@ -368,6 +368,16 @@ class Policy:
     def _actions(self, raw: np.ndarray, n: int) -> np.ndarray:
         return raw.astype(self._action_dtype(), copy=False).reshape(n, *self._action_shape())
 
+    def zero_observation(self) -> Any:
+        """An observation of zeros in the form ``act`` takes (a dict for a Dict observation), e.g. to check
+        that a deployed policy loads and acts."""
+        dtype = np.dtype(self.spec.observation_space.dtype)
+        if self._dict is not None:
+            return {
+                k: np.zeros(s, np.float32) for k, s in zip(self._dict.keys, self._dict.shapes, strict=True)
+            }
+        return np.zeros(self.observation_shape, dtype)
+
     @property
     def recurrent_state(self) -> tuple[np.ndarray, ...]:
         """A recurrent policy's state as the next ``act`` feeds it (zeros after ``reset()``), a copy;

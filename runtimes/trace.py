@@ -222,7 +222,8 @@ def load_trace(path: str | Path) -> Trace:
     return Trace(meta=meta, sha256=stored, **arrays)
 
 
-OBSERVATIONS_FIX = "save them with np.savez(path, obs=OBS[N, ...], episode_ids=IDS[N]) (episode_ids optional)"
+OBSERVATIONS_FIX = ("record one with `quarl-edge record`, or (where the env cannot run) save the observations with "
+                    "np.savez(path, obs=OBS[N, ...], episode_ids=IDS[N])")  # fmt: skip
 
 
 def load_observations(path: str | Path) -> Trace:
@@ -246,7 +247,8 @@ def load_observations(path: str | Path) -> Trace:
                 dones = z["dones"] if "dones" in z.files else None
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
         raise IntegrityError(
-            f"{str(path)!r} is not a readable .npz ({type(e).__name__}: {e})", OBSERVATIONS_FIX
+            f"{str(path)!r} is not a readable .npz ({type(e).__name__}: {str(e).split('. ')[0][:120]})",
+            OBSERVATIONS_FIX,  # numpy's own advice, to load a pickle "unsafely", is not ours to give
         ) from None
     if is_trace:
         return load_trace(path)

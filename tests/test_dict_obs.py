@@ -40,9 +40,13 @@ class Her:
 
 @pytest.fixture(scope="module")
 def her(tmp_path_factory: pytest.TempPathFactory) -> Her:
+    return make_her(tmp_path_factory.mktemp("her"))
+
+
+def make_her(out: Path) -> Her:
+    """Train the agent (a few seconds), import it with no --env, record, export fp32 + int8."""
     torch.set_num_threads(1)
     gym.register_envs(gym_robotics)
-    out = tmp_path_factory.mktemp("her")
     model = SAC("MultiInputPolicy", ENV, seed=0, device="cpu", learning_starts=350, buffer_size=5000,
                 replay_buffer_class=HerReplayBuffer, replay_buffer_kwargs={"n_sampled_goal": 4},
                 policy_kwargs={"net_arch": [32, 32]})  # fmt: skip

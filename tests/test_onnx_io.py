@@ -53,7 +53,11 @@ class IsaacActor(nn.Module):
 
 @pytest.fixture(scope="module")
 def isaac(tmp_path_factory: pytest.TempPathFactory) -> tuple[IsaacActor, Path, Path, Path]:
-    out = tmp_path_factory.mktemp("isaac")
+    return make_isaac(tmp_path_factory.mktemp("isaac"))
+
+
+def make_isaac(out: Path) -> tuple[IsaacActor, Path, Path, Path]:
+    """The ONNX as Isaac Lab exports it, its io.yaml, a robot's log, and a bundle (fp32 + int8)."""
     actor = IsaacActor().eval()
     zeros = (torch.zeros(1, OBS), torch.zeros(1, 1, HIDDEN), torch.zeros(1, 1, HIDDEN))
     with warnings.catch_warnings():
