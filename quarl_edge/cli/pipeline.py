@@ -12,6 +12,7 @@ from quarl_edge.cli._options import (
     EnvOpt,
     HostOpt,
     IdentityOpt,
+    IoOpt,
     JsonOpt,
     PolicyOpt,
     PortOpt,
@@ -114,6 +115,7 @@ def record(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Record rollouts (observations, actions, rewards, episode boundaries, seeds) as calibration data."""
@@ -123,15 +125,15 @@ def record(
     cfg = RecordConfig(
         episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps, max_samples=max_samples
     )
-    reads = [("policy", policy), ("VecNormalize file", vecnormalize)]
-    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out, reads)
+    reads = [("policy", policy), ("VecNormalize file", vecnormalize), ("I/O description", io)]
+    trace = record_to_file(load_policy(policy, env, algo, vecnormalize, io=io), cfg, out, reads)
     if as_json:
         print_json({"out": str(out), "samples": trace.samples, "episodes": trace.episodes, "sha256": trace.sha256,
                     "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
         return
     info(f"recorded {trace.samples} steps in {trace.episodes} episodes to {out} (sha256 {trace.sha256[:12]})")
     # the env is in the calibration file's metadata: the export finds it there without --env
-    flags = _flags(("--algo", algo), ("--vecnormalize", vecnormalize))
+    flags = _flags(("--algo", algo), ("--vecnormalize", vecnormalize), ("--io", io))
     info(f"next: quarl-edge export --policy {_q(policy)}{flags} --calibration {_q(out)} --to onnx-fp32,onnx-int8 "
          f"--out {_q(Path('bundles') / _stem(policy))}")  # fmt: skip
 
@@ -155,7 +157,7 @@ def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
     to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz), or observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here")] = None,
     method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
     percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
@@ -163,6 +165,7 @@ def export(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
@@ -174,8 +177,8 @@ def export(
     cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
                        float_io_layers=not full_int8)  # fmt: skip
     targets = tuple(resolve_targets(to))
-    pol = load_policy(policy, env, algo, vecnormalize, calibration=calibration)
-    reads = (("policy", policy), ("VecNormalize file", vecnormalize))
+    pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=calibration)
+    reads = (("policy", policy), ("VecNormalize file", vecnormalize), ("I/O description", io))
     manifest = export_bundle(
         pol,
         BundleRequest(out=out, targets=targets, calibration=calibration, config=cfg, reads=reads),
