@@ -165,6 +165,10 @@ def check_arrays(arrays: dict[str, np.ndarray], where: str) -> None:
     if arrays["seeds"].ndim != 1:
         raise InputError(f"trace {where!r}: seeds is not a list", fix)
     ids = arrays["episode_ids"]
+    if ids.ndim != 1:  # one index per step: episode boundaries (a recurrent replay's resets) are read from it
+        raise InputError(
+            f"trace {where!r}: episode_ids has shape {list(ids.shape)}, not one index per step", fix
+        )
     if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= max(len(arrays["seeds"]), 1):
         raise InputError(
             f"trace {where!r}: episode_ids are not indices of its {len(arrays['seeds'])} episodes", fix
