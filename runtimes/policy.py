@@ -492,6 +492,7 @@ def load_policy(
     on_out_of_range: OnOutOfRange = "count",
     session_options: OrtOptions | Mapping[str, Any] | None = None,
     device: str | None = None,
+    require_signature: bool = False,
 ) -> Policy:
     """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
     with ``threads`` threads, and warmed up with ``warmup`` inferences on a zero observation.
@@ -503,8 +504,9 @@ def load_policy(
     InputError for NaN/inf) or ``"hold"`` (repeat the last action). ``on_out_of_range``: ``"count"``,
     ``"clip"`` (to the calibration range) or ``"fp32"`` (the bundle's fp32 model answers). ``session_options``:
     ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
-    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. Errors are ``QuarlError``s whose
-    ``str()`` is one line: the problem and the fix (docs/runtime.md).
+    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``require_signature``: refuse a
+    bundle not signed by a key this machine trusts (a machine with trusted keys requires that anyway).
+    Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
     if not isinstance(bundle, str | os.PathLike):
         raise InputError(
@@ -517,7 +519,7 @@ def load_policy(
             f"warmup must be an integer >= 0 (got {str(warmup)[:24]!r})", f"e.g. warmup={WARMUP_CALLS}"
         )
     options = OrtOptions.of(session_options)
-    manifest = load_manifest(bundle, verify=False)
+    manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
     entry, why = choose_model(manifest, model, bundle)
     count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
     here = check_device(manifest, device)

@@ -21,6 +21,7 @@ from sb3_contrib import MaskablePPO  # noqa: E402
 from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 
+from quarl_edge.bench.report import parse_report  # noqa: E402
 from quarl_edge.bench.run import BenchConfig, bench  # noqa: E402
 from quarl_edge.bundle import BundleRequest, export_bundle  # noqa: E402
 from quarl_edge.gate import GateConfig, evaluate  # noqa: E402
@@ -162,14 +163,14 @@ def test_runtime_api_takes_the_mask_and_refuses_a_bad_one(trained: Trained) -> N
 
 
 def test_closed_loop_bench_reads_the_envs_masks_and_gates(trained: Trained) -> None:
-    report = bench(trained.bundle, BenchConfig(episodes=3, latency_samples=20, warmup=2))
+    report = bench(trained.bundle, BenchConfig(episodes=3, latency_samples=20, warmup=2)).to_dict()
     by = {m["name"]: m for m in report["models"]}
     ref, q = by["onnx-fp32"], by["onnx-int8"]
     assert ref["reward"]["episodes"] == 3 and not ref["warnings"]
     # the env rewards only allowed, pointed-at actions: a policy acting on what it sees earns above chance
     assert ref["reward"]["mean"] > 40 * 0.3
     assert q["agreement"]["metric"] == "exact_match_rate" and q["agreement"]["value"] > 0.9
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=50.0, min_agreement=0.9))
+    checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=50.0, min_agreement=0.9))
     assert all(c.passed for c in checks), [c.message for c in checks if not c.passed]
 
 

@@ -21,6 +21,7 @@ pytest.importorskip("sb3_contrib")
 from sb3_contrib import ARS, QRDQN, TQC, TRPO, CrossQ  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 
+from quarl_edge.bench.report import parse_report  # noqa: E402
 from quarl_edge.bench.run import BenchConfig, bench  # noqa: E402
 from quarl_edge.bundle import BundleRequest, export_bundle  # noqa: E402
 from quarl_edge.gate import GateConfig, evaluate  # noqa: E402
@@ -199,10 +200,10 @@ def test_int8_onnx_and_tflite_bench_and_gate(trained: Trained, tmp_path: Path) -
         t.policy,
         BundleRequest(out=bundle, targets=("onnx-fp32", "onnx-int8", "tflite-int8"), calibration=t.calib),
     )
-    report = bench(bundle, BenchConfig(episodes=3, latency_samples=50, warmup=5, max_steps=200))
+    report = bench(bundle, BenchConfig(episodes=3, latency_samples=50, warmup=5, max_steps=200)).to_dict()
     by_name = {m["name"]: m for m in report["models"]}
     assert set(by_name) == {"onnx-fp32", "onnx-int8", "tflite-int8"}
     for name in ("onnx-int8", "tflite-int8"):
         assert by_name[name]["reward"]["episodes"] == 3 and by_name[name]["agreement"]["samples"] > 0
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=1000.0, min_agreement=0.5))
+    checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=1000.0, min_agreement=0.5))
     assert checks and all(c.passed for c in checks), [c.message for c in checks if not c.passed]

@@ -16,6 +16,7 @@ gym_robotics = pytest.importorskip("gymnasium_robotics")
 import gymnasium as gym  # noqa: E402
 from stable_baselines3 import SAC, HerReplayBuffer  # noqa: E402
 
+from quarl_edge.bench.report import parse_report  # noqa: E402
 from quarl_edge.bench.run import BenchConfig, bench  # noqa: E402
 from quarl_edge.bundle import BundleRequest, export_bundle  # noqa: E402
 from quarl_edge.gate import GateConfig, evaluate  # noqa: E402
@@ -103,8 +104,8 @@ def test_a_missing_or_misshapen_key_is_one_line_naming_it(her: Her) -> None:
 
 
 def test_closed_loop_return_kept_at_int8(her: Her) -> None:
-    report = bench(her.bundle, BenchConfig(episodes=2, latency_samples=20, warmup=2, max_steps=100))
+    report = bench(her.bundle, BenchConfig(episodes=2, latency_samples=20, warmup=2, max_steps=100)).to_dict()
     by = {m["name"]: m for m in report["models"]}
     assert by["onnx-int8"]["reward"]["episodes"] == 2 and not by["onnx-int8"]["warnings"]
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=10.0, min_agreement=0.95))
+    checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=10.0, min_agreement=0.95))
     assert all(c.passed for c in checks), [c.message for c in checks if not c.passed]

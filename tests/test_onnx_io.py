@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from quarl_edge.bench.report import parse_report  # noqa: E402
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.gate import GateConfig, evaluate
@@ -113,13 +114,13 @@ def test_runtime_api_acts_with_state_over_whole_episodes(isaac: tuple) -> None:
 
 
 def test_benched_reward_not_measured_and_gated_by_action_error(isaac: tuple) -> None:
-    report = bench(isaac[3], BenchConfig(episodes=5, latency_samples=50, warmup=5))
+    report = bench(isaac[3], BenchConfig(episodes=5, latency_samples=50, warmup=5)).to_dict()
     assert report["reward_not_measured"]
     int8 = next(m for m in report["models"] if m["name"] == "onnx-int8")
     err = int8["agreement"]["max_abs_diff"]
     assert 0 < err < 0.2 and int8["latency"]["p50_us"] > 0
-    assert all(c.passed for c in evaluate(report, GateConfig(max_action_error=0.2)))
-    assert not any(c.passed for c in evaluate(report, GateConfig(max_action_error=err / 2)))
+    assert all(c.passed for c in evaluate(parse_report(report), GateConfig(max_action_error=0.2)))
+    assert not any(c.passed for c in evaluate(parse_report(report), GateConfig(max_action_error=err / 2)))
 
 
 def test_state_names_missing_from_the_io_yaml_are_one_line(isaac: tuple, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("sb3_contrib")
 from sb3_contrib import RecurrentPPO  # noqa: E402
 
+from quarl_edge.bench.report import parse_report  # noqa: E402
 from quarl_edge.bench.run import BenchConfig, bench  # noqa: E402
 from quarl_edge.bundle import BundleRequest, export_bundle  # noqa: E402
 from quarl_edge.gate import GateConfig, evaluate  # noqa: E402
@@ -112,11 +113,11 @@ def test_a_broken_state_feedback_fails_the_same_check(rec: Rec) -> None:
 
 
 def test_closed_loop_bench_carries_the_state(rec: Rec) -> None:
-    report = bench(rec.bundle, BenchConfig(episodes=2, latency_samples=20, warmup=2, max_steps=100))
+    report = bench(rec.bundle, BenchConfig(episodes=2, latency_samples=20, warmup=2, max_steps=100)).to_dict()
     by = {m["name"]: m for m in report["models"]}
     assert by["onnx-int8"]["reward"]["episodes"] == 2 and not by["onnx-int8"]["warnings"]
     assert by["onnx-int8"]["agreement"]["samples"] == 1000
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=100.0, min_agreement=0.9))
+    checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=100.0, min_agreement=0.9))
     assert all(c.passed for c in checks), [c.message for c in checks if not c.passed]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from quarl_edge.bench.report import print_lines
+from quarl_edge.bench.report import parse_report, printed
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.gate import GateConfig, evaluate
@@ -119,22 +119,22 @@ def test_no_env_here_reward_not_measured_gated_by_action_error(rsl: tuple[RslAct
     _, _, bundle = rsl
     with pytest.raises(InputError, match="cannot run here"):
         load_runtime(bundle, model="onnx-fp32").make_env()
-    report = bench(bundle, BenchConfig(episodes=20, latency_samples=50, warmup=5))
+    report = bench(bundle, BenchConfig(episodes=20, latency_samples=50, warmup=5)).to_dict()
     assert report["reward_not_measured"] and report["settings"]["episodes"] == 0
     int8 = next(m for m in report["models"] if m["name"] == "onnx-int8")
     assert int8["latency"]["p50_us"] > 0 and int8["reward"]["episodes"] == 0
     err = int8["agreement"]["max_abs_diff"]
     assert 0 < err < 1.0 and int8["agreement"]["samples"] == 600
-    after = print_lines(report, None)[2]
+    after = printed(parse_report(report), None).after
     assert any(line.startswith("reward: not measured") for line in after)
     assert any("action error vs fp32" in line for line in after)
-    ok = evaluate(report, GateConfig(max_action_error=err * 1.01))
+    ok = evaluate(parse_report(report), GateConfig(max_action_error=err * 1.01))
     assert [c.name for c in ok] == ["action_error"] and all(c.passed for c in ok)
     assert "reward not measured" in ok[0].message
-    tight = evaluate(report, GateConfig(max_action_error=err * 0.5))
+    tight = evaluate(parse_report(report), GateConfig(max_action_error=err * 0.5))
     assert not tight[0].passed
     # without --max-action-error the reward check cannot pass on a report whose reward was not measured
-    (drop,) = evaluate(report, GateConfig())
+    (drop,) = evaluate(parse_report(report), GateConfig())
     assert not drop.passed and "--max-action-error" in drop.message
 
 

@@ -60,7 +60,9 @@ def returns(bundle: Path, model: str, seeds: list[int], env_id: str) -> list[flo
 @pytest.mark.parametrize("which", ["cartpole_bundle", "pendulum_bundle"])
 def test_act_earns_the_rewards_of_the_bench_closed_loop(which: str, request: pytest.FixtureRequest) -> None:
     bundle: Path = request.getfixturevalue(which)
-    report = bench(bundle, BenchConfig(episodes=3, seed=7, latency_samples=20, models=("onnx-int8",)))
+    report = bench(
+        bundle, BenchConfig(episodes=3, seed=7, latency_samples=20, models=("onnx-int8",))
+    ).to_dict()
     env_id = report["bundle"]["env"]
     for m in report["models"]:
         assert returns(bundle, m["name"], [7, 8, 9], env_id) == m["reward"]["per_episode"], m["name"]
@@ -108,6 +110,12 @@ def test_default_model_and_the_error_that_lists_the_models(cartpole_bundle: Path
     assert load_policy(tuned, threads=1).info.threads == 1  # an explicit count is the caller's
     other = load_policy(tuned, model="onnx-int8").info  # tune's count was measured for its choice only
     assert (other.chosen_by, other.threads, other.threads_from) == ("argument", 1, "default")
+    for chosen in ("onnx-gone", 7, None):  # a choice naming no model of the bundle: refused, no fallback
+        manifest["tune"]["chosen"] = chosen
+        (tuned / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(IntegrityError, match="tune choice"):
+            load_policy(tuned)
+        assert load_policy(tuned, model="onnx-int8").info.model == "onnx-int8"  # an explicit name still loads
 
     pair = tmp_path / "pair"  # fp32 + one quantized model: the quantized one
     shutil.copytree(cartpole_bundle, pair)

@@ -12,7 +12,7 @@ import torch
 from stable_baselines3 import TD3
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from quarl_edge.bench.report import print_lines
+from quarl_edge.bench.report import parse_report, printed
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.policy.load import load_policy
@@ -56,9 +56,9 @@ def test_export_and_bench_report_parity_with_the_zips_own_predict(td3_vecnorm, t
     m = _parity(tmp_path / "b")
     assert m["max_abs_diff"] <= 1e-5 and m["agreement"] > 0.99999
     assert any(line.startswith("fp32 vs source (TD3.predict") for line in logged)
-    report = bench(tmp_path / "b", BenchConfig(episodes=0, latency_samples=10, warmup=1))
+    report = bench(tmp_path / "b", BenchConfig(episodes=0, latency_samples=10, warmup=1)).to_dict()
     assert report["source_parity"]["models"][0]["max_abs_diff"] == m["max_abs_diff"]
-    after = print_lines(report, None)[2]
+    after = printed(parse_report(report), None).after
     assert any("fp32 vs source" in line and "max |Δa|" in line for line in after)
 
 

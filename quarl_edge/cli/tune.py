@@ -56,6 +56,7 @@ def tune(
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
     address: AddressOpt = None,
+    sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key: sign the candidates and the shipped bundle (for boards that accept only signed bundles)")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
@@ -67,7 +68,11 @@ def tune(
         "budget_min": budget_min, "episodes": episodes}.items() if v is not None}  # fmt: skip
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
-                     vecnormalize=vecnormalize, address=address, kinds=name_list(kinds), **given)  # fmt: skip
+                     vecnormalize=vecnormalize, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
+    if sign is not None:  # a bad key is refused before the search, not after it
+        from quarl_edge.runtimes.signing import load_private_key
+
+        load_private_key(sign)
 
     from quarl_edge.tune.report import columns, table_rows
     from quarl_edge.tune.search import STAGES, run_tune

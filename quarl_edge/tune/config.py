@@ -65,6 +65,9 @@ class TuneConfig:
     """candidate families to search (KINDS); None: all. The fp32 reference is always measured"""
     address: str | None = None
     """Ray cluster for the host-side probes; None: local Ray (when installed), else in process"""
+    sign_key: Path | None = None
+    """an ed25519 private key: the candidates bundle and the shipped bundle get a manifest.sig, so a board
+    that accepts only signed bundles (devices trust-key) can measure and run them"""
 
     def __post_init__(self) -> None:
         _finite(self.budget_min, "--budget-min", 0, MAX_BUDGET_MIN, "10", lo_open=True)

@@ -17,6 +17,7 @@ from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
+from quarl_edge.runtimes.signing import sign_bundle
 from quarl_edge.runtimes.trace import Trace, load_trace
 from quarl_edge.tune.cache import State, digest
 from quarl_edge.tune.candidates import Candidate
@@ -95,6 +96,8 @@ class Search:
         if out.is_symlink() or out.exists():
             problem = self._unsound(out, [*targets, *(v.name for v in variants)])
             if problem is None:
+                if self.cfg.sign_key is not None:  # cached by a tune without --sign, or with another key
+                    sign_bundle(out, self.cfg.sign_key)
                 return out
             self.log(f"tune's cached {name} bundle {out.name} {problem}: exporting it again")
             _remove(out)
@@ -102,7 +105,7 @@ class Search:
             if old != out and re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}", old.name):
                 _remove(old)
         export_bundle(self.policy, BundleRequest(out=out, targets=targets, variants=variants,
-                                                 calibration=self.trace_path))  # fmt: skip
+                                                 calibration=self.trace_path, sign_key=self.cfg.sign_key))  # fmt: skip
         return out
 
     def _unsound(self, bundle: Path, names: list[str]) -> str | None:

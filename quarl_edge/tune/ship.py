@@ -20,6 +20,7 @@ from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
+from quarl_edge.runtimes.signing import sign_bundle
 from quarl_edge.tune.config import TuneConfig
 from quarl_edge.tune.records import Shipped
 from quarl_edge.tune.report import TUNE_MARKDOWN, markdown, plot
@@ -50,9 +51,11 @@ def _copy(src: Path, dst: Path, rel: str, sha: str, what: str) -> None:
                              "run tune again: the changed file is measured again")  # fmt: skip
 
 
-def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str, Any]) -> Manifest:
+def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str, Any],
+                  sign_key: Path | None = None) -> Manifest:  # fmt: skip
     """A bundle in ``dst`` holding the models ``measured`` names ({name: sha256 measured}) copied from the
-    bundle ``src``, its trace, and a manifest whose sha256s are those measured."""
+    bundle ``src``, its trace, and a manifest whose sha256s are those measured; signed with ``sign_key``
+    (before it is read back or benched: a machine that requires signatures refuses it unsigned)."""
     m = load_manifest(src, verify=False)  # every copy is hashed below, after it is made
     entries = [m.model(name) for name in measured]
     for e in entries:
@@ -67,6 +70,8 @@ def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str
     shipped = Manifest(policy=m.policy, models=tuple(entries), calibration=m.calibration, trace=m.trace,
                        created=created, tool_version=__version__, tune=tune)  # fmt: skip
     atomic_write_json(dst / MANIFEST_NAME, shipped.to_dict())
+    if sign_key is not None:
+        sign_bundle(dst, sign_key)
     load_manifest(dst)  # reads back as a bundle whose every sha256 matches
     return shipped
 
@@ -90,10 +95,10 @@ def write_outputs(result: TuneResult, cfg: TuneConfig, device: dict[str, Any], t
             "evidence": c.to_dict(), "policy_sha256": result.inputs.policy_sha256, "measured": measured}  # fmt: skip
     episodes = c.episodes or cfg.episodes  # the first seeds and a close call's fresh ones follow on
     with atomic_directory(files[3]) as tmp:
-        copy_measured(Path(result.bundle), tmp, measured, tune)
+        copy_measured(Path(result.bundle), tmp, measured, tune, cfg.sign_key)
         report = bench(tmp, BenchConfig(episodes=episodes, seed=cfg.seed, threads=c.threads,
                                         latency_samples=cfg.latency_samples, models=tuple(names[1:])),
-                       device=device, transport=transport)  # fmt: skip
+                       device=device, transport=transport).to_dict()  # fmt: skip
         claim(
             files[3], BUNDLE, name="the tuned bundle"
         )  # again, just before the swap: the bench took a while
