@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from quarl_edge.policy.net import Policy
@@ -84,6 +85,32 @@ class ExportConfig:
             if twice is not None:
                 raise InputError(f"float_layers names {twice!r} twice", "name each layer once")
             object.__setattr__(self, "float_layers", names)
+
+
+def extra_inputs(policy: Policy, batch: int) -> dict[str, torch.Tensor]:
+    """The graph's inputs after the observation, in order, as example tensors of ``batch`` rows: the
+    action mask of a masked policy (all allowed; the mask acts after the output layer, so calibrating
+    with every action allowed sees the same activations as any mask), then the recurrent state
+    ([layers, batch, hidden], zeros)."""
+    out: dict[str, torch.Tensor] = {}
+    if policy.arch.action_mask:
+        out["action_mask"] = torch.ones((batch, policy.spec.action_space.logits), dtype=torch.float32)
+    for st, zeros in zip(policy.spec.state, policy.zero_state(batch), strict=True):
+        out[st.input] = zeros
+    return out
+
+
+def output_names(policy: Policy, action: str) -> list[str]:
+    """The graph's outputs in order: the action, then the recurrent state after the step."""
+    return [action, *(st.output for st in policy.spec.state)]
+
+
+def dynamic_shapes(policy: Policy, batch: Any) -> tuple[Any, ...]:
+    """torch.export's dynamic_shapes for PolicyNet.forward(obs, *extra): the batch axis of the
+    observation, and of each extra input in a tuple (the state's is axis 1: [layers, batch, hidden])."""
+    axes = {st.input: st.batch_axis for st in policy.spec.state}
+    extra = tuple({axes.get(n, 0): batch} for n in extra_inputs(policy, 1))
+    return ({0: batch}, extra) if extra else ({0: batch},)
 
 
 def compute_layers(policy: Policy) -> list[str]:
@@ -163,6 +190,9 @@ class ExportContext:
     """a QAT policy without fake quantization, its weights on the n-bit grid (quarl_edge.quant.deployable)"""
     learned_ranges: tuple[tuple[float, float] | None, ...] = ()
     """a QAT policy's learned input range of each quantized layer, in layer order"""
+    calibration_state: tuple[np.ndarray, ...] = ()
+    """a recurrent policy's state at each calibration observation ([N, layers, hidden] each, the torch
+    policy run over the recorded episodes), so the recurrent layers calibrate on the states they see"""
 
     @property
     def quantizable(self) -> Policy:

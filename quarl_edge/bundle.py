@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from quarl_edge.exporters.base import (
 )
 from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.outputs import BUNDLE, claim
+from quarl_edge.parity import parity_line, source_parity
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
@@ -36,7 +37,7 @@ from quarl_edge.runtimes.fsutil import (
 from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
-from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
+from quarl_edge.runtimes.trace import Trace, load_observations, save_trace
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -77,8 +78,8 @@ class BundleRequest:
 
 
 def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Trace:
-    if req.calibration is not None:
-        trace = load_trace(req.calibration)
+    if req.calibration is not None:  # a recorded trace, or observations a robot logged (no env here)
+        trace = load_observations(req.calibration)
         check_trace_fits(trace, policy, req.calibration)
         return trace
     log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")
@@ -118,9 +119,14 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
     calib = _calibration(policy, req, log)
-    calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
+    idx = calib.subsample_index(req.config.max_calibration_samples, seed=1)
+    calib_obs = calib.obs[idx]
+    # a recurrent policy's state at every calibration step: the torch policy run over the recorded episodes
+    calib_state = tuple(s[idx] for s in policy.run_sequence(calib.obs, calib.action_masks, calib.episode_starts())[1]) \
+        if policy.arch.recurrent else ()  # fmt: skip
     if calib_obs.dtype.kind == "f":  # NaN/inf rows would poison the calibrated ranges
-        calib_obs = calib_obs[np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)]
+        finite = np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)
+        calib_obs, calib_state = calib_obs[finite], tuple(s[finite] for s in calib_state)
     if len(calib_obs) == 0 and any(t in NEEDS_CALIBRATION for t in targets):
         raise InputError(
             "the calibration data has no finite observations", "record it again with `quarl-edge record`"
@@ -140,6 +146,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                 calibration=calib_obs[: job.config.max_calibration_samples]
                 if job.target in NEEDS_CALIBRATION
                 else None,
+                calibration_state=tuple(s[: job.config.max_calibration_samples] for s in calib_state),
                 config=job.config,
                 workdir=Path(work),
                 **qat_fields,  # type: ignore[arg-type]
@@ -172,7 +179,8 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                     ),
                 )
             )
-        trace = calib.subsample(TRACE_SAMPLES, seed=2)
+        # a recurrent policy replays whole episodes in order; others any spread of steps
+        trace = calib.head(TRACE_SAMPLES) if policy.spec.state else calib.subsample(TRACE_SAMPLES, seed=2)
         save_trace(trace, tmp / "trace.npz")
         calibration = {
             "file": str(req.calibration) if req.calibration else None,
@@ -197,6 +205,12 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             tune=req.tune,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+        fp32 = [e.name for e in entries if e.precision == "fp32"]
+        if fp32:  # measured on the written models, as a bench will load them
+            parity = source_parity(policy, tmp, manifest, trace, fp32)
+            log(parity_line(parity.to_dict()))
+            manifest = replace(manifest, source_parity=parity.to_dict())
+            atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         if key is not None:  # over the bytes just written, inside the folder that is renamed into place
             atomic_write_bytes(
                 tmp / SIGNATURE_NAME, signature_document((tmp / MANIFEST_NAME).read_bytes(), key)

@@ -36,8 +36,7 @@ CHECK = """import json, sys
 import numpy as np
 from quarl_edge.runtimes import load_policy
 p = load_policy(sys.argv[1], model=sys.argv[2])
-space = p.info.observation_shape
-a = p.act(np.zeros(space, dtype=np.dtype(p.spec.observation_space.dtype)))
+a = p.act(p.zero_observation())
 print(json.dumps({"model": p.info.model, "runtime": p.info.runtime, "action": np.asarray(a).tolist(),
                   "manifest_sha256": p.info.manifest_sha256, "sha256": p.info.sha256,
                   "torch_imported": "torch" in sys.modules, "python": sys.executable}))

@@ -55,15 +55,22 @@ class GateConfig:
     """largest allowed p99 single-inference latency, milliseconds"""
     max_miss_rate_pct: float | None = None
     """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
+    max_action_error: float | None = None
+    """largest allowed action error vs fp32 on the recorded observations: max |Δa| in action units for
+    continuous actions, the share of differing actions for discrete ones (reports whose reward was not
+    measured, because the environment cannot run here, are gated by this)"""
 
     def __post_init__(self) -> None:
         # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
         for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
                                      ("--min-agreement", self.min_agreement, "0.95"),
                                      ("--max-p99-ms", self.max_p99_ms, "5"),
-                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%")):  # fmt: skip
+                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%"),
+                                     ("--max-action-error", self.max_action_error, "0.05")):  # fmt: skip
             if value is not None and not math.isfinite(value):
                 raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
+        if self.max_action_error is not None and self.max_action_error < 0:
+            raise InputError("--max-action-error must be >= 0", "e.g. --max-action-error 0.05")
         if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
             raise InputError("--max-reward-drop must be >= 0", "e.g. --max-reward-drop 2%")
         if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
@@ -124,17 +131,29 @@ def evaluate(report: FleetReport, cfg: GateConfig) -> list[Check]:
             label = f"{dev}: {m.name}" if fleet else m.name
             checks += [
                 replace(c, device=dev if fleet else "")
-                for c in _model_checks(m, label, m.name == section.reference, cfg)
+                for c in _model_checks(
+                    m, label, m.name == section.reference, cfg, section.reward_not_measured
+                )
             ]
     return checks
 
 
-def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> list[Check]:
-    """``label`` names the model in messages (with its device in a fleet)."""
+def _model_checks(
+    m: ModelResult, label: str, is_ref: bool, cfg: GateConfig, unmeasured: str | None = None
+) -> list[Check]:
+    """``label`` names the model in messages (with its device in a fleet); ``unmeasured``: why the report
+    ran no episodes (its environment cannot run here): the action error then stands in for the reward."""
     checks: list[Check] = []
-    if cfg.max_reward_drop_pct is not None and not is_ref:
+    if (
+        cfg.max_reward_drop_pct is not None
+        and not is_ref
+        and not (unmeasured and cfg.max_action_error is not None)
+    ):
         limit = cfg.max_reward_drop_pct
-        if m.drift is None:
+        if m.drift is None and unmeasured:
+            checks.append(Check(m.name, "reward_drop", False, None, limit,
+                                f"{label}: reward not measured ({unmeasured}); gate it with --max-action-error"))  # fmt: skip
+        elif m.drift is None:
             checks.append(
                 Check(
                     m.name,
@@ -165,6 +184,8 @@ def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> 
             checks.append(Check(m.name, "agreement", ok, agree, limit,
                                 f"{label}: agreement {agree:.4f} {'>=' if ok else '<'} {limit:g}"
                                 + ("" if ok else f" (short by {limit - agree:.4f})")))  # fmt: skip
+    if cfg.max_action_error is not None and not is_ref:
+        checks.append(_action_error_check(m, label, cfg.max_action_error, unmeasured))
     if cfg.max_p99_ms is not None:
         limit = cfg.max_p99_ms
         if m.latency is None:
@@ -182,6 +203,27 @@ def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> 
                             f"{label}: {loop.over_budget} of {loop.steps} steps over the {loop.budget_us:.1f} us "
                             f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)"))  # fmt: skip
     return checks
+
+
+def _action_error_check(m: ModelResult, label: str, limit: float, unmeasured: str | None) -> Check:
+    a = m.agreement
+    if a is None:
+        return Check(
+            m.name,
+            "action_error",
+            False,
+            None,
+            limit,
+            f"{label}: no trace replay to measure the action error",
+        )
+    if a.max_abs_diff is not None:
+        err, what = a.max_abs_diff, "max |Δa|"
+    else:  # discrete, or no finite bound: the share of steps whose action differs
+        err, what = 1.0 - a.value, "differing actions"
+    ok = err <= limit
+    why = " (reward not measured: the environment cannot run here)" if unmeasured else ""
+    return Check(m.name, "action_error", ok, err, limit,
+                 f"{label}: action error {what} {err:.4g} {'<=' if ok else '>'} {limit:g}{why}")  # fmt: skip
 
 
 def check_in_loop(report: BenchReport) -> None:

@@ -25,6 +25,11 @@ class ModelSession(Protocol):
         """Actions for a batch of observations (leading batch dimension)."""
         ...
 
+    def run_io(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Every output for every input, both in graph order (observation first, then an action mask,
+        recurrent state...; action first, then the state after the step), one batch."""
+        ...
+
 
 AdapterFactory = Callable[[Path, int, Any], ModelSession]
 """(model file, threads, the runtime's session options or None) -> session"""

@@ -22,7 +22,7 @@ from . import ccompiler
 from .adapters import register
 from .cprogram import Program
 from .csource import check_source, render_h
-from .errors import IntegrityError, MissingDependencyError, QuarlError
+from .errors import InputError, IntegrityError, MissingDependencyError, QuarlError
 
 MAX_C_BYTES = 256 << 20
 
@@ -169,6 +169,14 @@ class CSession:
             f"c {'prebuilt:' + words[1] if words[0] == 'prebuilt' and len(words) > 1 else words[0]}"
         )
         self.threads = threads  # one thread: the C code is single-threaded by design
+
+    def run_io(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The C program has one input and one output (exporters/c_onnx.py refuses any other graph): an
+        action mask or a recurrent state cannot reach it."""
+        if len(inputs) != 1:
+            raise InputError(f"a c-* model takes the observation only, not {len(inputs)} inputs (masks, "
+                             "recurrent state)", "run such a policy's onnx-* or tflite-* model")  # fmt: skip
+        return [self.run(inputs[0])]
 
     def run(self, obs: np.ndarray) -> np.ndarray:
         if getattr(obs, "shape", None) == self._shape1:  # one observation: the control loop's call

@@ -101,6 +101,8 @@ class Manifest:
     tool_version: str = ""
     tune: dict[str, Any] | None = None
     """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
+    source_parity: dict[str, Any] | None = None
+    """the fp32 models against the source policy on the trace (quarl_edge/parity.py), set at export"""
 
     def model(self, name: str) -> ModelEntry:
         for m in self.models:
@@ -126,6 +128,7 @@ class Manifest:
             "trace": self.trace,
             "models": [m.to_dict() for m in self.models],
             **({"tune": self.tune} if self.tune is not None else {}),
+            **({"source_parity": self.source_parity} if self.source_parity is not None else {}),
         }
 
     @classmethod
@@ -188,6 +191,9 @@ class Manifest:
                 tool_version=str(d.get("tool_version", "")),
                 tune=schema.obj(d["tune"], "bundle manifest tune", fix)
                 if d.get("tune") is not None
+                else None,
+                source_parity=schema.obj(d["source_parity"], "bundle manifest source_parity", fix)
+                if d.get("source_parity") is not None
                 else None,
             )
         except schema.MALFORMED as e:

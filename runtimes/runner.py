@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .adapters import ModelSession
-from .envs import make_env
+from .envs import action_masks, make_env
 from .errors import InputError
 from .facts import is_emulated
 from .loop import InLoopStats, check_hz, in_loop_stats
@@ -149,9 +149,10 @@ def run_episodes(
         ret, steps, nonfinite, error = 0.0, 0, 0, None
         try:
             while go_on:
-                obs = np.asarray(obs)
-                if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
-                    nonfinite += 1
+                if not isinstance(obs, dict):  # a Dict observation goes to act() as the env gave it
+                    obs = np.asarray(obs)
+                    if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
+                        nonfinite += 1
                 if times is None:
                     action = act(obs)
                 else:  # between two real env steps: the caches are the env's, as in a control loop
@@ -204,14 +205,17 @@ class PolicyRunner:
         self.spec = self.manifest.policy
         self.threads = threads
         self.session: ModelSession = self.policy.session
+        # one inference as a control loop calls it: the model's extra inputs (mask, recurrent state) included
+        plain = self.policy.action_mask_size is None and not self.spec.state
+        self.infer = self.session.run if plain else self.policy.run_batch
         self.load_ns = self.policy.load_ns
 
     @property
     def first_inference_ns(self) -> int | None:
         return self.policy.first_call_ns
 
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        return self.policy.run_batch(obs)
+    def act_batch(self, obs: np.ndarray, action_masks: np.ndarray | None = None) -> np.ndarray:
+        return self.policy.run_batch(obs, action_masks)
 
     def act(self, obs: np.ndarray) -> Any:
         """The environment action for one observation of the policy's observation space (frames
@@ -235,8 +239,11 @@ class PolicyRunner:
                 progress({"event": "episode", "model": self.entry.name, **asdict(e)})
 
         env = self.policy.make_env()
+        act: Act = self.policy.act
+        if self.policy.action_mask_size is not None:  # MaskablePPO: the env's allowed actions at every step
+            act = lambda obs: self.policy.act(obs, action_masks(env))  # noqa: E731
         try:
-            return run_episodes(env, self.policy.act, seeds, max_steps=max_steps, reset=self.policy.reset,
+            return run_episodes(env, act, seeds, max_steps=max_steps, reset=self.policy.reset,
                                 timed=timed, on_episode=done)  # fmt: skip
         finally:
             env.close()
@@ -253,10 +260,14 @@ class PolicyRunner:
         flat = obs.reshape(obs.shape[0], -1)
         valid = np.all(np.isfinite(flat), axis=1) if obs.dtype.kind == "f" else np.ones(obs.shape[0], bool)
         act_shape = self.spec.action_space.shape
-        dtype = np.int64 if self.spec.action_space.is_discrete else np.float32
+        dtype = np.int64 if self.spec.action_space.is_integer else np.float32
         actions = np.full((obs.shape[0], *act_shape), -1 if dtype == np.int64 else np.nan, dtype=dtype)
+        masks = trace.action_masks if self.policy.action_mask_size is not None else None
+        starts = trace.episode_starts()
         for i in np.flatnonzero(valid):
-            actions[i] = self.act_batch(obs[i : i + 1])[0]
+            if starts[i]:  # a recurrent policy replays each episode in order from a zero state
+                self.policy.reset()
+            actions[i] = self.act_batch(obs[i : i + 1], None if masks is None else masks[i : i + 1])[0]
         return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
 
     def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
@@ -266,7 +277,7 @@ class PolicyRunner:
             self.act_batch(batches[i % len(batches)])
         out = np.empty(samples, dtype=np.int64)
         clock = time.perf_counter_ns
-        run = self.session.run
+        run = self.infer
         for i in range(samples):
             b = batches[i % len(batches)]
             t0 = clock()
@@ -360,9 +371,7 @@ def run_model(
         if progress:
             progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
     if duration_s is not None:
-        result.sustained = sustained(
-            runner.session.run, timing_batches(obs_for_timing), duration_s, is_emulated()
-        )
+        result.sustained = sustained(runner.infer, timing_batches(obs_for_timing), duration_s, is_emulated())
     if trace is not None and replay:
         rep = runner.replay(trace)
         result.replay_actions = [

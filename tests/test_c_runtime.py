@@ -30,9 +30,11 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_built_once_into_our_cache_never_into_the_bundle(
-    c_bundle: Callable[[str], Path], cache: Path
+    c_bundle: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bundle = c_bundle("cartpole-ppo")
+    bundle = c_bundle("cartpole-ppo")  # exported first: export's fp32 parity check builds c-fp32 itself
+    cache = tmp_path / "fresh-cache"
+    monkeypatch.setenv("QUARL_EDGE_C_CACHE", str(cache))
     before = sorted(p.name for p in bundle.iterdir())
     p = load_policy(bundle, model="c-int8", threads=1)
     objects = list(cache.glob("*/policy.so"))

@@ -35,7 +35,7 @@ from quarl_edge.bench.report import read_report
 from quarl_edge.bench.run import BenchConfig, bench, local_transport
 from quarl_edge.gate import GateConfig, evaluate, junit_xml, markdown_summary
 from quarl_edge.policy.net import load_checkpoint
-from quarl_edge.policy.sb3 import load_sb3_zip
+from quarl_edge.policy.sb3_zip import load_sb3_zip
 from quarl_edge.runtimes.bundlepath import rel_path, sha256_of
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import load_manifest

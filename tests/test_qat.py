@@ -16,8 +16,8 @@ from torch import nn
 
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, QATLinear, convert, fake_quant_weight, qat_layers
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.train.qat import QATClock, QATLinear, convert, fake_quant_weight, qat_layers
 
 
 def _mlp() -> nn.Sequential:

@@ -55,7 +55,9 @@ def _row(report: BenchReport, m: ModelResult) -> list[str]:
         _f(lat.p50_us if lat else None, "{:.1f}"),
         _f(lat.p99_us if lat else None, "{:.1f}"),
         _f(m.speedup_p50_vs_ref, "{:.2f}x"),
-        f"{_f(m.reward.mean, '{:.1f}')} ± {_f(m.reward.std, '{:.1f}')}",
+        "not measured"
+        if report.reward_not_measured
+        else f"{_f(m.reward.mean, '{:.1f}')} ± {_f(m.reward.std, '{:.1f}')}",
         "ref" if m.name == report.reference else _f(drift.reward_drop_pct if drift else None, "{:+.2f}%"),
         "" if lo is None or hi is None else f"[{lo + 0.0:+.2f}%, {hi + 0.0:+.2f}%]",
         _f(m.agreement.value if m.agreement else None, "{:.3f}", ""),
@@ -188,3 +190,17 @@ def markdown(report: BenchReport) -> str:
     lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
               "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def not_measured_lines(report: BenchReport) -> list[str]:
+    """A report whose reward was not measured (no env here): why, and each model's action error."""
+    if not report.reward_not_measured:
+        return []
+    out = [f"reward: not measured ({report.reward_not_measured}); latency and the action error against fp32 "
+           "on the recorded observations were"]  # fmt: skip
+    for m in report.models:
+        a = m.agreement
+        if a is not None and a.max_abs_diff is not None:
+            out.append(f"{m.name}: action error vs fp32 mean {_f(a.mean_abs_diff, '{:.4g}')}, p99 "
+                       f"{_f(a.p99_abs_diff, '{:.4g}')}, max {a.max_abs_diff:.4g} (action units, {a.samples} observations)")  # fmt: skip
+    return out

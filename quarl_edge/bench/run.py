@@ -15,7 +15,7 @@ import datetime as _dt
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +130,8 @@ def _agreement(
     if not pairs:
         return None
     space = manifest.policy.action_space
-    if space.is_discrete:
-        match = float(np.mean([int(a) == int(b) for a, b in pairs]))
+    if space.is_integer:  # per component for MultiDiscrete / MultiBinary actions
+        match = float(np.mean([np.mean(np.asarray(a) == np.asarray(b)) for a, b in pairs]))
         return Agreement(EXACT_MATCH, match, samples=len(pairs))
     a = np.asarray([p[0] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
     b = np.asarray([p[1] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
@@ -141,7 +141,15 @@ def _agreement(
     with np.errstate(invalid="ignore"):
         err = np.minimum(np.nan_to_num(np.abs(a - b) / rng, nan=1.0, posinf=1.0), 1.0)
     mad = float(np.mean(err))
-    return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs))
+    diff = np.nan_to_num(np.abs(a - b), nan=np.inf)  # the action error in action units (NaN: no bound)
+    return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs),
+                     mean_abs_diff=_finite_or_none(diff.mean()),
+                     p99_abs_diff=_finite_or_none(np.percentile(diff.max(axis=1), 99)),
+                     max_abs_diff=_finite_or_none(diff.max()))  # fmt: skip
+
+
+def _finite_or_none(x: Any) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def _returns(run: DeviceRun) -> list[float | None]:
@@ -248,6 +256,10 @@ def bench(
     """
     bundle = Path(bundle)
     manifest, names, ref = plan(bundle, cfg)
+    not_measured = None
+    if manifest.policy.env.family == "external":  # recorded observations stand in: no episodes to run
+        not_measured = f"the policy's environment {manifest.policy.env.id!r} cannot run here"
+        cfg = replace(cfg, episodes=0)
     if resume and partial is None:
         raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
     stub = (
@@ -299,6 +311,8 @@ def bench(
                      for name in names),
         harness=Harness.from_dict(harness, "the transport's harness"),
         resumed=Resumed(state.resumed_episodes) if resume else None,
+        reward_not_measured=not_measured,
+        source_parity=manifest.source_parity,
     ), where, "run the bench again; if it repeats, the device's runner is not quarl-edge's")  # fmt: skip
 
 

@@ -23,6 +23,13 @@ AlgoOpt = Annotated[str | None, typer.Option("--algo", help="algorithm of a .zip
 VecNormOpt = Annotated[
     Path | None, typer.Option("--vecnormalize", help="SB3 VecNormalize .pkl to bake into the graph")
 ]
+IoOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--io", help="I/O description (io.yaml) of a policy from another framework (docs/policies.md)"
+    ),
+]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")]
 SeedOpt = Annotated[int, typer.Option("--seed")]
 QatActivationsOpt = Annotated[
     bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")

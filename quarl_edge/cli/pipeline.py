@@ -12,6 +12,7 @@ from quarl_edge.cli._options import (
     EnvOpt,
     HostOpt,
     IdentityOpt,
+    IoOpt,
     JsonOpt,
     PolicyOpt,
     PortOpt,
@@ -94,7 +95,9 @@ def train(
         return
     for line in summary_lines(policy, out):
         info(line)
-    info(f"next: quarl-edge record --policy {out} --out calibration_data/{out.name}.npz")
+    info(
+        f"next: quarl-edge record --policy {_q(out)} --out {_q(Path('calibration_data') / (out.name + '.npz'))}"
+    )
 
 
 def record(
@@ -108,6 +111,7 @@ def record(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Record rollouts (observations, actions, rewards, episode boundaries, seeds) as calibration data."""
@@ -117,23 +121,39 @@ def record(
     cfg = RecordConfig(
         episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps, max_samples=max_samples
     )
-    reads = [("policy", policy), ("VecNormalize file", vecnormalize)]
-    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out, reads)
+    reads = [("policy", policy), ("VecNormalize file", vecnormalize), ("I/O description", io)]
+    trace = record_to_file(load_policy(policy, env, algo, vecnormalize, io=io), cfg, out, reads)
     if as_json:
         print_json({"out": str(out), "samples": trace.samples, "episodes": trace.episodes, "sha256": trace.sha256,
                     "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
         return
     info(f"recorded {trace.samples} steps in {trace.episodes} episodes to {out} (sha256 {trace.sha256[:12]})")
-    info(
-        f"next: quarl-edge export --policy {policy} --calibration {out} --to onnx-fp32,onnx-int8 --out bundles/NAME"
-    )
+    # the env is in the calibration file's metadata: the export finds it there without --env
+    flags = _flags(("--algo", algo), ("--vecnormalize", vecnormalize), ("--io", io))
+    info(f"next: quarl-edge export --policy {_q(policy)}{flags} --calibration {_q(out)} --to onnx-fp32,onnx-int8 "
+         f"--out {_q(Path('bundles') / _stem(policy))}")  # fmt: skip
+
+
+def _q(value: object) -> str:
+    import shlex
+
+    return shlex.quote(str(value))
+
+
+def _flags(*pairs: tuple[str, object | None]) -> str:
+    """`` --flag value`` for each option the user gave, quoted for the shell, so a hint runs as printed."""
+    return "".join(f" {flag} {_q(value)}" for flag, value in pairs if value is not None)
+
+
+def _stem(policy: Path) -> str:
+    return (policy.stem if policy.suffix else policy.name) or "policy"
 
 
 def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
     to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}, c-{fp32,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz), or observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here")] = None,
     method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
     percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
@@ -141,6 +161,7 @@ def export(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key (ssh-keygen -t ed25519 -N '' -f KEY): sign the manifest")] = None,
     c_prebuilt: Annotated[str | None, typer.Option("--c-prebuilt", help="c-* models: also cross-compile a shared object for these machines (aarch64, x86_64, armv7l; comma-separated)")] = None,
     as_json: JsonOpt = False,
@@ -155,8 +176,13 @@ def export(
                        float_io_layers=not full_int8,
                        c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()))  # fmt: skip
     targets = tuple(resolve_targets(to))
-    pol = load_policy(policy, env, algo, vecnormalize)
-    reads = (("policy", policy), ("VecNormalize file", vecnormalize), ("signing key", sign))
+    pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=calibration)
+    reads = (
+        ("policy", policy),
+        ("VecNormalize file", vecnormalize),
+        ("I/O description", io),
+        ("signing key", sign),
+    )
     manifest = export_bundle(
         pol,
         BundleRequest(
@@ -175,7 +201,7 @@ def export(
         info(
             f"signed by {signed_by(out)} (manifest.sig); boards that trust it: quarl-edge devices trust-key DEVICE KEY.pub"
         )
-    info(f"next: quarl-edge bench --bundle {out} --out reports/{out.name}.json")
+    info(f"next: quarl-edge bench --bundle {_q(out)} --out {_q(Path('reports') / (out.name + '.json'))}")
 
 
 def bench(
@@ -241,6 +267,7 @@ def gate(
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
     max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
+    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32 on the trace: max |Δa| in action units (discrete: share of differing actions); for reports whose reward was not measured")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
@@ -261,7 +288,8 @@ def gate(
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
-                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate),
+                     max_action_error=max_action_error)  # fmt: skip
     data = read_report(report)
     check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
     checks = evaluate(data, cfg)

@@ -101,7 +101,14 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     t0 = time.monotonic()
     check_out(cfg)  # before anything is written
     profile = load_profile(cfg.device, cfg.overrides)
-    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize)
+    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, calibration=cfg.calibration)
+    if policy.spec.env.family == "external":  # nothing here can run the closed loop tune judges by
+        raise InputError(
+            f"tune judges every candidate in closed loop, and the policy's environment {policy.spec.env.id!r} "
+            "cannot run here",
+            "export the variants with `quarl-edge export --calibration OBS.npz` and judge them with `quarl-edge "
+            "bench` and `quarl-edge gate --max-action-error` (docs/policies.md)",
+        )
     policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy)
     with locked(cfg.out) as work:
         stage("check the device")
