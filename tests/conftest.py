@@ -488,3 +488,101 @@ def on_board(board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     (tmp_path / "host-home").mkdir()
     return board.device(tmp_path / "xdg" / "quarl-edge", tmp_path / "known_hosts")
+
+
+# ---- the emulated tier's board: `quarl-edge devices emulate rpi4 up`, once per session ----------------
+
+
+def can_emulate() -> str | None:
+    """Why this host cannot run the emulated board, or None."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root on Linux (debootstrap, chroot, mounts, network namespaces)"
+    if shutil.which("apt-get") is None and shutil.which("debootstrap") is None:
+        return "needs debootstrap (or apt-get to install it)"
+    return None
+
+
+def qe(*args: str | Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """The user's command line: `quarl-edge ARGS...` in a child process (environment as the test sets it)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "quarl_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+
+
+def emulate_cli(action: str) -> Any:
+    """`quarl-edge devices emulate rpi4 ACTION --json`; its status as the CLI printed it."""
+    from quarl_edge.devices import emulate
+
+    r = qe("devices", "emulate", "rpi4", action, "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    print(r.stderr.strip())
+    return emulate.Status(**json.loads(r.stdout))
+
+
+def emu_ssh(st: Any, command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Plain OpenSSH to the emulated board: strict host-key checking against the pinned known_hosts, key
+    auth only."""
+    argv = ["ssh", "-i", str(st.identity), "-o", f"UserKnownHostsFile={st.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-p", str(st.port), f"root@{st.address}", command]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def emu_scp(st: Any, local: list[Path], remote: str) -> None:
+    argv = ["scp", "-q", "-r", "-i", str(st.identity), "-o", f"UserKnownHostsFile={st.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-P", str(st.port),
+            *map(str, local), f"root@{st.address}:{remote}"]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, timeout=300)
+
+
+@dataclass
+class EmuSession:
+    """The session's emulated board: its status as `up` printed it, and the private config dir that holds
+    its device entry (``rpi4-emu``)."""
+
+    status: Any
+    config: Path
+
+
+@pytest.fixture(scope="session")
+def emu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmuSession]:
+    """`quarl-edge devices emulate rpi4 up` once for the whole run (timed: a fresh build, or a cached start
+    when the rootfs and wheelhouse, keyed by their content, are already in the cache), its device entry in
+    a private config dir; `down` at the end of the session. Every emulated test, in any file, shares it."""
+    from quarl_edge.devices import emulate
+
+    reason = can_emulate()
+    if reason:
+        pytest.skip(reason)
+    before = emulate.status("rpi4")
+    if before.running:
+        pytest.skip("rpi4-emu is already running here; `quarl-edge devices emulate rpi4 down` first")
+    config = tmp_path_factory.mktemp("emu-config")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CONFIG_HOME", str(config))
+    try:
+        t0 = time.monotonic()
+        st = emulate_cli("up")
+        kind = "cached start" if before.built else "fresh build + start"
+        print(f"\n[emulated rpi4] {kind}: {time.monotonic() - t0:.1f} s "
+              f"(build {st.build_seconds} s, sshd start {st.start_seconds} s)")  # fmt: skip
+        if not before.built:  # both figures: a fresh build, then a cached start
+            emulate_cli("down")
+            t1 = time.monotonic()
+            st = emulate_cli("up")
+            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")  # figures, not asserts
+        size = (st.rootfs_size_bytes or 0) / 2**20
+        print(f"[emulated rpi4] rootfs {size:.0f} MiB at {st.rootfs}; runtimes {st.runtimes}")
+        mp.undo()
+        yield EmuSession(st, config)
+    finally:
+        mp.undo()
+        if emulate.status("rpi4").running:
+            emulate.down("rpi4", log=print)
+
+
+@pytest.fixture
+def emu_board(emu_session: EmuSession, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's emulated Raspberry Pi 4 (an `emulate.Status`), with XDG_CONFIG_HOME pointing at the
+    config dir holding its device entry for this test (and the `quarl-edge` processes it starts)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(emu_session.config))
+    return emu_session.status
