@@ -4,6 +4,7 @@ SSH tier's real sshd on loopback."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import hashlib
 import json
@@ -69,6 +70,27 @@ def cli(tmp_path: Path) -> CliRun:
     return run
 
 
+def run_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder ``build(folder)`` makes once per test run: under pytest-xdist the first worker that asks
+    builds it, the others wait for it and reuse it (session fixtures are per worker; an export or a wheel
+    build need not be). The folder is read-only by convention: a test that alters it copies it first."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's own folder (pytest-N), above the workers' popen-gwN folders
+    shared = base / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    out, done = shared / name, shared / f"{name}.done"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            if out.exists():  # a worker that failed half-way
+                shutil.rmtree(out)
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
+
+
 def _export_shipped(out: Path, policy: Path, calibration: Path, targets: tuple[str, ...]) -> Path:
     from quarl_edge.bundle import BundleRequest, export_bundle
     from quarl_edge.policy.net import load_checkpoint
@@ -77,13 +99,30 @@ def _export_shipped(out: Path, policy: Path, calibration: Path, targets: tuple[s
     return out
 
 
+def shared_export(
+    tmp_path_factory: pytest.TempPathFactory,
+    where: str,
+    policy: Path,
+    calibration: Path,
+    targets: tuple[str, ...],
+) -> Path:
+    """A bundle of a shipped policy exported once per test run (``where``: "folder/bundle-name")."""
+    folder, name = where.split("/")
+    return (
+        run_once(tmp_path_factory, folder, lambda d: _export_shipped(d / name, policy, calibration, targets))
+        / name
+    )
+
+
 @pytest.fixture(scope="session")
 def cartpole_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """fp32 + fp16 + int8 ONNX bundle of the shipped CartPole PPO (exported once per session)."""
-    out = tmp_path_factory.mktemp("bundles") / "cartpole-ppo"
-    return _export_shipped(out, cartpole_policy, cartpole_calib, ("onnx-fp32", "onnx-fp16", "onnx-int8"))
+    targets = ("onnx-fp32", "onnx-fp16", "onnx-int8")
+    return shared_export(
+        tmp_path_factory, "bundle-cartpole/cartpole-ppo", cartpole_policy, cartpole_calib, targets
+    )
 
 
 @pytest.fixture(scope="session")
@@ -111,8 +150,10 @@ def pendulum_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
     """fp32 + int8 ONNX bundle of the shipped Pendulum SAC (continuous actions, returns that vary by seed)."""
-    out = tmp_path_factory.mktemp("bundles") / "pendulum-sac"
-    return _export_shipped(out, pendulum_policy, pendulum_calib, ("onnx-fp32", "onnx-int8"))
+    targets = ("onnx-fp32", "onnx-int8")
+    return shared_export(
+        tmp_path_factory, "bundle-pendulum/pendulum-sac", pendulum_policy, pendulum_calib, targets
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +179,12 @@ _SKIP_COPY = shutil.ignore_patterns(
 def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     """quarl-edge as a user gets it: the wheel built from a clean copy of the source tree, pip-installed
     (no editable finder) into a fresh venv whose dependencies are the test venv's (no download)."""
-    work = tmp_path_factory.mktemp("wheel")
+    work = run_once(tmp_path_factory, "installed-wheel", _build_and_install_wheel)
+    (wheel,) = (work / "dist").glob("quarl_edge-*.whl")
+    return InstalledWheel(wheel, work / "venv")
+
+
+def _build_and_install_wheel(work: Path) -> None:
     src = work / "src"
     shutil.copytree(ROOT, src, ignore=_SKIP_COPY)  # a stale build/lib would leak old modules into the wheel
     dist = work / "dist"
@@ -153,7 +199,26 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     site = next((venv / "lib").glob("python3*/site-packages"))
     deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
-    return InstalledWheel(wheel, venv)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), what runs together on one worker:
+    every emulated test in one group (there is one board on the host: its namespace and /run state have
+    fixed names), every other file as a group of its own (so module fixtures, e.g. an sshd or a module's
+    exports, are made once). The emulated group goes first, as it is the longest; then the files with the
+    most tests, so that the workers finish close together."""
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        group = "emulated" if item.get_closest_marker("emulated") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    sizes: dict[str, int] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group").args[0]  # type: ignore[union-attr]
+        sizes[group] = sizes.get(group, 0) + 1
+    first = {g: i for i, g in enumerate(sorted(sizes, key=lambda g: (g != "emulated", -sizes[g])))}
+    items.sort(key=lambda item: first[item.get_closest_marker("xdist_group").args[0]])  # type: ignore[union-attr]
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -220,8 +285,8 @@ def interruptible() -> None:
 @pytest.fixture(scope="session")
 def pong_rt_bundle(tmp_path_factory: pytest.TempPathFactory, zoo_pong: tuple[Path, Path]) -> Path:
     """The zoo Pong DQN (uint8 4x84x84 frames) as onnx-int8 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "pong-dqn"
-    return _export_shipped(out, zoo_pong[0], zoo_pong[1], ("onnx-int8", "tflite-int8"))
+    targets = ("onnx-int8", "tflite-int8")
+    return shared_export(tmp_path_factory, "rt-bundle-pong/pong-dqn", zoo_pong[0], zoo_pong[1], targets)
 
 
 @pytest.fixture(scope="session")
@@ -229,9 +294,10 @@ def cartpole_rt_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """The zoo CartPole PPO (discrete) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "cartpole-ppo"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
-    return _export_shipped(out, cartpole_policy, cartpole_calib, targets)
+    return shared_export(
+        tmp_path_factory, "rt-bundle-cartpole/cartpole-ppo", cartpole_policy, cartpole_calib, targets
+    )
 
 
 @pytest.fixture(scope="session")
@@ -239,9 +305,10 @@ def pendulum_rt_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
     """The zoo Pendulum SAC (continuous) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "pendulum-sac"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
-    return _export_shipped(out, pendulum_policy, pendulum_calib, targets)
+    return shared_export(
+        tmp_path_factory, "rt-bundle-pendulum/pendulum-sac", pendulum_policy, pendulum_calib, targets
+    )
 
 
 # ---- the SSH tier's device: a real OpenSSH sshd on 127.0.0.1 -----------------------------------------
