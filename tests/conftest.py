@@ -208,24 +208,46 @@ def _build_and_install_wheel(work: Path) -> None:
     (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def _group(nodeid: str) -> str:
+    """What runs together on one pytest-xdist worker: every file whose name says ``emulat`` in one group
+    (one emulated board per host: its namespace and /run state have fixed names, so its tests run one
+    after another), every other file as a group of its own (module fixtures, e.g. an sshd or a module's
+    exports, are made once)."""
+    path = nodeid.split("::", 1)[0]
+    return "emulated" if "emulat" in Path(path).name else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs `-n 2`: tests scheduled by _group (pytest-xdist's own `--dist loadgroup` reads
+    markers through an attribute pytest 9 no longer has, so it would group nothing)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), what runs together on one worker:
-    every emulated test in one group (there is one board on the host: its namespace and /run state have
-    fixed names), every other file as a group of its own (so module fixtures, e.g. an sshd or a module's
-    exports, are made once). The emulated group goes first, as it is the longest; then the files with the
-    most tests, so that the workers finish close together."""
+    """An emulated test lives in a file whose name says so (the scheduler above keeps those files on one
+    worker). Under pytest-xdist, the emulated group first (the longest: a board, then qemu), then the
+    files with the most tests, so that the workers finish close together (`--no-loadscope-reorder`)."""
+    misplaced = [
+        i.nodeid for i in items if i.get_closest_marker("emulated") and _group(i.nodeid) != "emulated"
+    ]
+    if misplaced:
+        raise pytest.UsageError(
+            f"emulated tests must live in a file named test_*emulat*.py (one board per host): {misplaced[0]}"
+        )
     if not hasattr(config, "workerinput"):
         return
-    for item in items:
-        group = "emulated" if item.get_closest_marker("emulated") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
     sizes: dict[str, int] = {}
     for item in items:
-        group = item.get_closest_marker("xdist_group").args[0]  # type: ignore[union-attr]
-        sizes[group] = sizes.get(group, 0) + 1
+        sizes[_group(item.nodeid)] = sizes.get(_group(item.nodeid), 0) + 1
     first = {g: i for i, g in enumerate(sorted(sizes, key=lambda g: (g != "emulated", -sizes[g])))}
-    items.sort(key=lambda item: first[item.get_closest_marker("xdist_group").args[0]])  # type: ignore[union-attr]
+    items.sort(key=lambda item: first[_group(item.nodeid)])
 
 
 def pytest_addoption(parser: Any) -> None:
