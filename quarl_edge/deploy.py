@@ -73,10 +73,6 @@ class Deployed:
                 "docs: docs/runtime.md (load_policy, reset, act, info; examples/control_loop.py)"]  # fmt: skip
 
 
-def _absolute(home: str, path: str) -> str:
-    return path if path.startswith("/") else f"{home}/{path.removeprefix('./')}"
-
-
 def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[str, Any] | None = None,
            log: Any = lambda _m: None, name: str | None = None) -> Deployed:  # fmt: skip
     from quarl_edge.devices.remote import SSHTransport
@@ -105,13 +101,13 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
         log(f"installing {wheel.name} into {t.python}'s venv (pip, offline)")
         _run(t, sh(t.python, "-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall", "--quiet",
                    remote_wheel), "install the runtime wheel")  # fmt: skip
-        named = t.board_command(sh(t.python, t.runner_path, "name", "--bundle", _absolute(home, cached.remote),
+        named = t.board_command(sh(t.python, t.runner_path, "name", "--bundle", cached.remote,
                                    "--root", f"{home}/{DEPLOYED}", "--name", name, *cached.key_args()),
                                 "verify and name the bundle")  # fmt: skip
         # -I: the venv's packages only, never a quarl_edge folder in the login directory
         out = _run(t, sh(t.python, "-I", "-c", CHECK, link, entry.name), "load and act with the runtime API")
         check = _answer(out, profile.name)
-    python = _absolute(home, t.python) if "/" in t.python else t.python
+    python = t.python  # absolute (the profile's ~ is the board's $HOME), or a bare name on its PATH
     if check.get("torch_imported"):
         raise QuarlError(
             f"the runtime on {profile.name} imported torch", "report a bug: runtimes/ must not import torch"
