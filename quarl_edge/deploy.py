@@ -56,6 +56,8 @@ class Deployed:
     """the sha256 of the manifest deployed"""
     was: str | None
     """the sha256 of the manifest the name pointed at before (None: a new name)"""
+    warnings: tuple[str, ...] = ()
+    """said before the upload too (through ``log``), e.g. a bundle tuned on another device"""
 
     def change(self) -> str:
         if self.was is None:
@@ -80,9 +82,13 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
     profile = load_profile(device, overrides)
     if profile.transport != "ssh":
         raise InputError(f"device {device!r} is this machine: deploy puts the runtime on a board over SSH",
-                         "pass --device NAME of a board (quarl-edge devices list); here: pip install quarl-edge")  # fmt: skip
+                         "pass device=NAME of a board (quarl-edge devices list); here: pip install quarl-edge",
+                         cli_fix="pass --device NAME of a board (quarl-edge devices list); here: pip install quarl-edge")  # fmt: skip
     manifest = load_manifest(bundle)  # every path and hash, before anything goes to the board
     entry, _ = choose_model(manifest, model, bundle)
+    warned = tuple(w for w in (tuned_elsewhere(manifest.tune, profile.name),) if w)
+    for w in warned:
+        log(f"warning: {w}")
     name = safe_name(name or manifest.policy.name or Path(bundle).name, "bundle name", NAME_FIX, 64)
     wheel = build_runtime_wheel()
     with SSHTransport(profile) as t:
@@ -116,9 +122,8 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
         raise QuarlError(f"load_policy on {profile.name} did not load the bundle just deployed",
                          f"run the deploy again; if it persists, check {link} on the board")  # fmt: skip
     was = named.get("was")
-    return Deployed(
-        profile.name, entry.name, link, python, check, cached.sha256, was if isinstance(was, str) else None
-    )
+    return Deployed(profile.name, entry.name, link, python, check, cached.sha256,
+                    was if isinstance(was, str) else None, warned)  # fmt: skip
 
 
 def _refuse_a_real_folder(t: Any, link: str) -> None:
@@ -149,3 +154,13 @@ def _run(t: Any, cmd: str, what: str) -> str:
         raise QuarlError(f"deploy to {t.profile.name} could not {what}: {tail[:300]}",
                          f"check the device with `quarl-edge devices check {t.profile.name}`, or set it up: quarl-edge devices setup {t.profile.name}")  # fmt: skip
     return str(r.stdout)
+
+
+def tuned_elsewhere(tune: dict[str, Any] | None, device: str) -> str | None:
+    """One line when a bundle `quarl-edge tune` made on one device goes to another (it still goes)."""
+    tuned_on = (tune or {}).get("device")
+    if not isinstance(tuned_on, str) or tuned_on == device:
+        return None
+    on = tuned_on[:64]
+    return (f"this bundle was tuned on {on} and is deployed to {device}: its model choice and thread count "
+            f"were measured on {on}; to choose for {device}: quarl-edge tune --policy POLICY --device {device} --out DIR")  # fmt: skip

@@ -92,7 +92,7 @@ def handle_errors(fn: F) -> F:
         except QuarlError as e:
             if debug_enabled():
                 raise
-            fail(str(e), e.exit_code)
+            fail(e.cli_text(), e.exit_code)  # the fix in flags where it differs from the Python one
         except KeyboardInterrupt:
             fail("interrupted", 130)
         except OSError as e:
