@@ -69,3 +69,54 @@ def test_deploy_to_another_board_than_the_one_tuned_on_says_so_in_one_line(
     lines.clear()
     assert deploy(same, on_board, log=lines.append, name="tuned-here").warnings == ()
     assert not [x for x in lines if x.startswith("warning:")]
+
+
+# ---- names safe in shells, shown whole ---------------------------------------------------------------
+
+
+def test_tune_names_are_safe_in_shells_and_an_old_bracket_name_is_refused_with_the_fix(
+    cartpole_bundle: Path, tmp_path: Path
+) -> None:
+    from quarl_edge.runtimes.bundlepath import SAFE_SEGMENT
+    from quarl_edge.runtimes.manifest import load_manifest
+    from quarl_edge.tune.candidates import Candidate, grid
+
+    layers = Candidate("tflite", "int8", float_layers=("mlp.0", "out"))
+    assert layers.name == "tflite-int8-minmax-float-mlp.0-out"
+    assert Candidate("onnx", "int8", float_layers=()).name == "onnx-int8-minmax-float-none"
+    assert (
+        Candidate("onnx", "int8", activation="U8S8", per_channel=True).name
+        == "onnx-int8-minmax-u8s8-per-channel"
+    )
+    for c in [*grid(("onnx", "tflite"), cnn=False), layers]:
+        assert SAFE_SEGMENT.fullmatch(c.name) and SAFE_SEGMENT.fullmatch(f"policy.{c.name}.onnx"), c.name
+        assert Candidate.from_dict(c.to_dict()) == c
+    # a bundle an older tune wrote: refused in one line, naming the commands that make it again
+    old = Path(shutil.copytree(cartpole_bundle, tmp_path / "old"))
+    manifest = json.loads((old / "manifest.json").read_text())
+    entry = next(m for m in manifest["models"] if m["name"] == "onnx-int8")
+    entry["name"] = "onnx-int8-minmax-float[out]"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError) as e:
+        load_manifest(old)
+    assert "'onnx-int8-minmax-float[out]' has [ ] , or + (not safe in a shell)" in str(e.value)
+    assert str(e.value).endswith("export the bundle again (quarl-edge export), or run quarl-edge tune again")
+
+
+def test_tables_wrap_long_names_and_never_cut_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from quarl_edge.cli import _output
+
+    names = ["tflite-int8-minmax-per-tensor-float-mlp.0-mlp.2-out", "onnx-fp32"]
+    for width in (60, 80, 120):
+        buf = io.StringIO()
+        monkeypatch.setattr(_output, "out", Console(file=buf, width=width))
+        _output.table("bench", ["model", "p50 us", "p99 us", "reward", "drop", "agree", "speedup vs fp32"],
+                      [[n, "12.3", "45.6", "500.0", "+0.00%", "0.992", "1.23x"] for n in names])  # fmt: skip
+        lines = buf.getvalue().splitlines()
+        assert all(len(x) <= width for x in lines) and "…" not in buf.getvalue()
+        first = "".join(x.split("│")[1].strip() for x in lines if x.startswith("│"))
+        assert first == "".join(names), (width, buf.getvalue())
