@@ -166,7 +166,7 @@ def away(
 def test_tilde_is_the_boards_home_for_bench_and_deploy_not_the_login_directory(
     away: tuple[Board, Path], cartpole_bundle: Path
 ) -> None:
-    from quarl_edge.bench.device import bench_on_device
+    from quarl_edge.bench.fleet import bench_on_device
     from quarl_edge.bench.run import BenchConfig
     from quarl_edge.deploy import DEPLOYED, deploy
     from quarl_edge.runtimes.fsutil import sha256_file
@@ -174,7 +174,7 @@ def test_tilde_is_the_boards_home_for_bench_and_deploy_not_the_login_directory(
     board, login = away
     cfg = BenchConfig(episodes=1, max_steps=50, latency_samples=10, warmup=1, models=("onnx-int8",))
     report = bench_on_device(cartpole_bundle, cfg, device="board")
-    assert report["models"][-1]["name"] == "onnx-int8"
+    assert report.models[-1].name == "onnx-int8"
     sha = sha256_file(cartpole_bundle / "manifest.json")
     cache = board.home / ".cache" / "quarl-edge"
     assert (cache / "bundles" / sha / "manifest.json").is_file() and list((cache / "runner").glob("*.pyz"))
