@@ -19,14 +19,31 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError
 
 MAX_WORKERS = 256
 
-Run = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]], tuple[Any, ...]], list[Any]]
-"""``run(fn, calls, shared)``: ``[fn(*shared, *call) for call in calls]``, side by side where it can"""
+
+class Job(Protocol):
+    def result(self) -> Any:
+        """The job's return value (it runs, or is waited for, here)."""
+        ...
+
+
+class Pool(Protocol):
+    """Where jobs run. ``submit`` returns at once; a job's result is taken with ``job.result()``."""
+
+    backend: str
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job: ...
+
+    def map(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
+    ) -> list[Any]:
+        """``[fn(*shared, *call) for call in calls]``, side by side where the pool can."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,50 +88,98 @@ class Workers:
 
 
 @contextlib.contextmanager
-def pool(workers: Workers) -> Iterator[Run]:
-    """A :data:`Run` for ``workers``; what it started (processes, a local Ray) stops when the block ends."""
+def pool(workers: Workers) -> Iterator[Pool]:
+    """A :class:`Pool` for ``workers``; what it started (processes, a local Ray) stops when the block ends."""
     backend = workers.backend
     if backend == "in-process":
-
-        def here(
-            fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
-        ) -> list[Any]:
-            return [fn(*shared, *c) for c in calls]
-
-        yield here
-        return
-    if backend == "processes":
+        yield _Here()
+    elif backend == "processes":
         # spawn: a fork would copy this process's threads (torch, JAX) mid-flight
         ctx = multiprocessing.get_context("spawn")
         with _quiet_forks(), ProcessPoolExecutor(max_workers=workers.count, mp_context=ctx) as ex:
-
-            def in_processes(
-                fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
-            ) -> list[Any]:
-                futures = [ex.submit(fn, *shared, *c) for c in calls]
-                return [f.result() for f in futures]
-
-            yield in_processes
-        return
-    with ray_started(workers.address, workers.count) as ray:
-
-        def run(
-            fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
-        ) -> list[Any]:
-            task = ray.remote(num_cpus=1)(fn)
-            refs = [ray.put(x) for x in shared]  # sent once, not once a call
-            return list(ray.get([task.remote(*refs, *c) for c in calls]))
-
-        yield run
+            yield _Processes(ex)
+    else:
+        with ray_started(workers.address, workers.count) as ray:
+            yield _Ray(ray)
 
 
-def import_ray(what: str = "this") -> Any:
+@dataclass
+class _Later:
+    """An in-process job: it runs when its result is asked for, so a caller's progress lines come as
+    each one finishes."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def result(self) -> Any:
+        return self.fn(*self.args)
+
+
+class _Base:
+    backend = ""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+        raise NotImplementedError
+
+    def map(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
+    ) -> list[Any]:
+        jobs = [self.submit(fn, *shared, *c) for c in calls]
+        return [j.result() for j in jobs]
+
+
+class _Here(_Base):
+    backend = "in-process"
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+        return _Later(fn, args)
+
+
+class _Processes(_Base):
+    backend = "processes"
+
+    def __init__(self, ex: ProcessPoolExecutor) -> None:
+        self.ex = ex
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+        return self.ex.submit(fn, *args)
+
+
+@dataclass
+class _RayJob:
+    ray: Any
+    ref: Any
+
+    def result(self) -> Any:
+        return self.ray.get(self.ref)
+
+
+class _Ray(_Base):
+    backend = "ray"
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+        self.tasks: dict[Callable[..., Any], Any] = {}
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
+        if fn not in self.tasks:
+            self.tasks[fn] = self.ray.remote(num_cpus=1)(fn)
+        return _RayJob(self.ray, self.tasks[fn].remote(*args))
+
+    def map(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], shared: tuple[Any, ...] = ()
+    ) -> list[Any]:
+        refs = tuple(self.ray.put(x) for x in shared)  # sent once, not once a call
+        return super().map(fn, calls, refs)
+
+
+def import_ray(what: str = "--address (a Ray cluster)", instead: str = "; or drop --address") -> Any:
     try:
         import ray
     except ImportError:
         raise MissingDependencyError(
-            f"{what} runs on Ray, which is not installed",
-            "install it with: pip install 'quarl-edge[actorq]' (or run without --workers/--address)",
+            f"{what} needs Ray, which is not installed",
+            f"install it with: pip install 'quarl-edge[actorq]'{instead}",
         ) from None
     return ray
 

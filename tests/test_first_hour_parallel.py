@@ -38,10 +38,13 @@ def test_one_worker_is_this_process_and_more_are_other_processes() -> None:
     assert Workers(3, ray=False).backend == "processes"
     assert Workers(3).backend == ("ray" if has_ray else "processes")
     assert Workers(1, address="ray://head:10001").backend == "ray"
-    with pool(Workers()) as run:
-        assert run(_square_plus, [(1,), (2,)], (10,)) == [(11, os.getpid()), (14, os.getpid())]
-    with pool(Workers(2, ray=False)) as run:
-        out = run(_square_plus, [(x,) for x in range(6)], (1,))
+    with pool(Workers()) as p:
+        assert p.map(_square_plus, [(1,), (2,)], (10,)) == [(11, os.getpid()), (14, os.getpid())]
+        job = p.submit(_square_plus, 0, 3)
+        assert job.result() == (9, os.getpid())
+    with pool(Workers(2, ray=False)) as p:
+        out = p.map(_square_plus, [(x,) for x in range(6)], (1,))
+        assert p.submit(_square_plus, 0, 4).result()[0] == 16
     assert [v for v, _ in out] == [x * x + 1 for x in range(6)]
     assert os.getpid() not in {pid for _, pid in out}  # spawned workers, not this process
     for bad, match in (({"count": 0}, "--workers 0"), ({"count": True}, "--workers True"),
@@ -65,8 +68,8 @@ import jax
 jax.devices()  # JAX's backends up: its at-fork handler is installed, as after a TFLite export
 from quarl_edge.parallel import Workers, pool
 from quarl_edge.runtimes.fsutil import sha256_bytes
-with pool(Workers(2, ray={ray})) as run:
-    print([h[:8] for h in run(sha256_bytes, [(b"a",), (b"b",)], ())])
+with pool(Workers(2, ray={ray})) as p:
+    print([h[:8] for h in p.map(sha256_bytes, [(b"a",), (b"b",)])])
 """
 
 

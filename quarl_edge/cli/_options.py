@@ -31,7 +31,7 @@ AlgoOpt = Annotated[str | None, typer.Option("--algo", help="algorithm of a .zip
 VecNormOpt = Annotated[
     Path | None, typer.Option("--vecnormalize", help="SB3 VecNormalize .pkl to bake into the graph")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="random seed (the environment's and the network's)")]
 QatActivationsOpt = Annotated[
     bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")
 ]

@@ -44,7 +44,7 @@ def tune(
     device: Annotated[str | None, typer.Option("--device", help=f"device profile name (default: {_default('device')})")] = None,
     max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
-    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest p99 latency in ms on the device")] = None,
     budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
     episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired closed-loop episodes per candidate (default {_default('episodes')})")] = None,

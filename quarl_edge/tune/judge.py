@@ -17,7 +17,7 @@ from typing import Any
 
 from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench
-from quarl_edge.parallel import Run, pool
+from quarl_edge.parallel import Pool, pool
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.stats import drift_scale
 from quarl_edge.tune.context import Search
@@ -111,7 +111,7 @@ def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], tra
 
 
 def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], transport: Any,
-           pool_once: Callable[[], Run]) -> None:  # fmt: skip
+           pool_once: Callable[[], Pool]) -> None:  # fmt: skip
     """The closed loop of queue[0], cached; on the local device with ``--workers N``, the next N-1
     candidates' too, side by side (reward does not mind sharing the machine; latency was measured
     before, one model at a time). At most N-1 of them are wasted when queue[0] passes. A Ray cluster
@@ -127,7 +127,7 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
     s.log(f"closed loop: {', '.join(todo)} vs {s.reference} side by side ({workers.backend}), "
           f"{s.cfg.episodes} paired episodes each")  # fmt: skip
     calls = [(str(bundle), n, s.reference, s.cfg.seed, s.cfg.episodes) for n in todo]
-    for n, result in zip(todo, pool_once()(reward_task, calls, ()), strict=True):
+    for n, result in zip(todo, pool_once().map(reward_task, calls), strict=True):
         s.put_closed("closed", n, result)
 
 

@@ -62,10 +62,8 @@ def fan_out(
     def run(variants: list[Variant]) -> list[float]:
         if len(variants) < 2 or workers.backend == "in-process":
             return [probe_task(policy, v, trace_bytes, ref) for v in variants]
-        with pool(workers) as side_by_side:
-            return [
-                float(x) for x in side_by_side(_probe, [(v,) for v in variants], (policy, trace_bytes, ref))
-            ]
+        with pool(workers) as p:
+            return [float(x) for x in p.map(_probe, [(v,) for v in variants], (policy, trace_bytes, ref))]
 
     return run
 
