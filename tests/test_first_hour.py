@@ -120,3 +120,52 @@ def test_tables_wrap_long_names_and_never_cut_them(monkeypatch: pytest.MonkeyPat
         assert all(len(x) <= width for x in lines) and "…" not in buf.getvalue()
         first = "".join(x.split("│")[1].strip() for x in lines if x.startswith("│"))
         assert first == "".join(names), (width, buf.getvalue())
+
+
+# ---- units: one rule for every percent flag, a unit on every number the gate prints -----------------
+
+
+def test_percent_flags_take_a_percentage_or_a_fraction_and_refuse_a_bare_number_above_one() -> None:
+    from quarl_edge.gate import parse_percent
+
+    assert parse_percent("1%", "--max-miss-rate") == parse_percent("0.01", "--max-miss-rate") == 1.0
+    assert parse_percent(" 2 % ") == parse_percent("0.02") == 2.0 and parse_percent("0") == 0.0
+    assert parse_percent("150%") == 150.0 and parse_percent("1") == 100.0  # 1 is the whole: 100%
+    with pytest.raises(InputError) as e:
+        parse_percent("2", "--max-reward-drop")
+    assert str(e.value) == ("--max-reward-drop 2 is ambiguous: 2% or 200%?; write --max-reward-drop 2% "
+                            "(a percentage), or a fraction of one: --max-reward-drop 0.02")  # fmt: skip
+    with pytest.raises(InputError, match="is not a percentage"):
+        parse_percent("two")
+
+
+def test_gate_reads_1_percent_and_0_01_alike_and_prints_a_unit_on_every_number(
+    cartpole_bundle: Path, tmp_path: Path, cli: Any
+) -> None:
+    from quarl_edge.bench.report import write_report
+    from quarl_edge.bench.run import BenchConfig, bench
+
+    path, _ = write_report(
+        bench(cartpole_bundle, BenchConfig(episodes=1, latency_samples=50, hz=50)), tmp_path / "r.json"
+    )
+    verdicts = []
+    for rate in ("1%", "0.01"):
+        r = cli(
+            "gate", path, "--max-miss-rate", rate, "--min-agreement", "0.9", "--max-p99-ms", "50", "--json"
+        )
+        assert r.returncode in (0, 1), r.stderr
+        verdicts.append(json.loads(r.stdout))
+    assert verdicts[0] == verdicts[1]
+    miss = [c for c in verdicts[0]["checks"] if c["name"] == "deadline_miss_rate"]
+    assert miss and all(c["limit"] == 1.0 and c["unit"] == "%" for c in miss)
+    assert "ambiguous" in assert_one_error(cli("gate", path, "--max-miss-rate", "5"))
+    r = cli("gate", path, "--max-miss-rate", "0.01", "--min-agreement", "0.9", "--max-p99-ms", "50")
+    rows = [x for x in r.stdout.splitlines() if x.startswith("│")]
+    by_check = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        by_check.setdefault(cells[1], cells)
+    assert by_check["reward_drop"][2].endswith(" %") and by_check["reward_drop"][3] == "2 %"
+    assert by_check["deadline_miss_rate"][2].endswith(" %") and by_check["deadline_miss_rate"][3] == "1 %"
+    assert by_check["p99_latency"][2].endswith(" us") and by_check["p99_latency"][3] == "50000 us"
+    assert by_check["agreement"][3] == "0.9"  # a fraction of one: no unit

@@ -235,10 +235,10 @@ def bench(
 
 def gate(
     report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet)")],
-    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
+    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused)")] = "2%",
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest tight-loop p99 latency in ms, every model")] = None,
-    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
+    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`: 1% or the fraction 0.01")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
@@ -257,9 +257,9 @@ def gate(
     )
     from quarl_edge.tune.verify import check_tune_json
 
-    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
-                     max_p99_ms=max_p99_ms,
-                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
+    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop, "--max-reward-drop"),
+                     min_agreement=min_agreement, max_p99_ms=max_p99_ms,
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate, "--max-miss-rate"))  # fmt: skip
     data = read_report(report)
     check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
     checks = evaluate(data, cfg)

@@ -42,7 +42,7 @@ def tune(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("folder for tune.json/.md/.png and bundle/ (the chosen model)")],
     device: Annotated[str | None, typer.Option("--device", help=f"device profile name (default: {_default('device')})")] = None,
-    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {_default('max_reward_drop_pct')}%)")] = None,
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"in % of |fp32's mean return|: 2% or the fraction 0.02 (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest p99 latency in ms on the device")] = None,
     budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
@@ -68,7 +68,7 @@ def tune(
 
     # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
     given: dict[str, Any] = {k: v for k, v in {
-        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop),
+        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop"),
         "budget_min": budget_min, "episodes": episodes, "workers": workers}.items() if v is not None}  # fmt: skip
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
