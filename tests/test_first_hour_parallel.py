@@ -98,3 +98,20 @@ def test_starting_workers_prints_no_third_party_notice(ray: bool | None) -> None
         r = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=300, env=env)
         assert any("Token authentication" in x for x in third_party_lines(r.stderr)), r.stderr
         assert any("os.fork()" in x for x in third_party_lines(r.stderr)), r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("litert_torch") is None, reason="the tflite extra")
+def test_export_to_tflite_prints_only_our_lines(
+    cartpole_policy: Path, cartpole_calib: Path, tmp_path: Path
+) -> None:
+    """litert-torch loads TensorFlow's and JAX's C++ runtimes and torchao: none of their INFO/W lines or
+    Python warnings reach the user (exporters/tflite.py keeps the converter's output to itself), only ours
+    do. Python's default warning filters, as a user's shell has them (the cli fixture ignores warnings)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    r = subprocess.run([sys.executable, "-m", "quarl_edge.cli", "export", "--policy", str(cartpole_policy),
+                        "--calibration", str(cartpole_calib), "--to", "tflite-int8,onnx-int8", "--out", "b"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert third_party_lines(r.stderr) == [], r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("next: quarl-edge bench --bundle b")
