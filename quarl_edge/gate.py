@@ -81,13 +81,24 @@ class GateConfig:
             raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
 
 
-def parse_percent(text: str) -> float:
-    """'2%', '2' -> 2.0 (percent)."""
-    t = text.strip().rstrip("%").strip()
+def parse_percent(text: str, flag: str = "--max-reward-drop") -> float:
+    """A percent flag's value, in percent. One rule for every such flag (gate's --max-reward-drop and
+    --max-miss-rate, tune's --max-reward-drop): ``2%`` is a percentage; a bare number is a fraction of one,
+    ``0.02`` = 2%, as the report's own fractions (miss_rate) are written; a bare number above 1 is refused,
+    since ``2`` could mean 2% or 200%. A non-finite value is returned for the config to refuse by name."""
+    t = text.strip()
+    percent = t.endswith("%")
     try:
-        return float(t)
+        value = float(t[:-1].strip() if percent else t)
     except ValueError:
-        raise InputError(f"not a percentage: {text!r}", "write it like 2% or 2.5") from None
+        raise InputError(f"{flag} {text.strip()[:40]!r} is not a percentage",
+                         f"write it like {flag} 2% (or as a fraction of one: {flag} 0.02)") from None  # fmt: skip
+    if percent or not math.isfinite(value):
+        return value
+    if abs(value) > 1:
+        raise InputError(f"{flag} {t} is ambiguous: {value:g}% or {100 * value:g}%?",
+                         f"write {flag} {value:g}% (a percentage), or a fraction of one: {flag} {value / 100:g}")  # fmt: skip
+    return 100 * value
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ class Check:
     message: str
     device: str = ""
     """the device of a fleet report ("" for one device: its messages do not name it)"""
+    unit: str = ""
+    """of value and limit: "%" (a share in percent), "ms", or "" (a fraction of one, or action units)"""
 
 
 def check_gateable(report: FleetReport) -> None:
@@ -162,6 +175,7 @@ def _model_checks(
                     None,
                     limit,
                     f"{label}: no paired episodes to measure reward drop",
+                    unit="%",
                 )
             )
         else:
@@ -169,7 +183,7 @@ def _model_checks(
             ok = drop <= limit
             checks.append(Check(m.name, "reward_drop", ok, drop, limit,
                                 f"{label}: reward drop {drop + 0.0:+.2f}% {'<=' if ok else '>'} {limit:g}%"
-                                + ("" if ok else f" (over by {drop - limit:.2f} points)")))  # fmt: skip
+                                + ("" if ok else f" (over by {drop - limit:.2f} points)"), unit="%"))  # fmt: skip
     if cfg.min_agreement is not None and not is_ref:
         limit = cfg.min_agreement
         if m.agreement is None:
@@ -189,19 +203,21 @@ def _model_checks(
     if cfg.max_p99_ms is not None:
         limit = cfg.max_p99_ms
         if m.latency is None:
-            checks.append(Check(m.name, "p99_latency", False, None, limit, f"{label}: no latency measured"))
+            checks.append(
+                Check(m.name, "p99_latency", False, None, limit, f"{label}: no latency measured", unit="ms")
+            )
         else:
             ms = m.latency.p99_us / 1000
             ok = ms <= limit
             checks.append(Check(m.name, "p99_latency", ok, ms, limit,
-                                f"{label}: p99 {ms:.3f} ms {'<=' if ok else '>'} {limit:g} ms"))  # fmt: skip
+                                f"{label}: p99 {ms:.3f} ms {'<=' if ok else '>'} {limit:g} ms", unit="ms"))  # fmt: skip
     if cfg.max_miss_rate_pct is not None and m.in_loop is not None:
         loop, limit = m.in_loop, cfg.max_miss_rate_pct
         rate = 100.0 * loop.miss_rate
         ok = rate <= limit
         checks.append(Check(m.name, "deadline_miss_rate", ok, rate, limit,
                             f"{label}: {loop.over_budget} of {loop.steps} steps over the {loop.budget_us:.1f} us "
-                            f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)"))  # fmt: skip
+                            f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)", unit="%"))  # fmt: skip
     return checks
 
 
@@ -241,10 +257,21 @@ def passed(checks: list[Check]) -> bool:
 
 
 def check_rows(report: FleetReport, checks: list[Check]) -> list[list[str]]:
-    """The gate's table: (device,) model, check, value, limit, result; the device column for a fleet only."""
+    """The gate's table: (device,) model, check, value, limit, result, each number with its unit (shares in
+    %, latency in us as bench shows it); the device column for a fleet only."""
     return [[*([c.device] if len(report.devices) > 1 else []), c.model, c.name,
-             "-" if c.value is None else f"{c.value:.4g}", f"{c.limit:g}", "pass" if c.passed else "FAIL"]
+             "-" if c.value is None else shown(c.value, c.unit), shown(c.limit, c.unit, limit=True),
+             "pass" if c.passed else "FAIL"]
             for c in checks]  # fmt: skip
+
+
+def shown(value: float, unit: str, limit: bool = False) -> str:
+    """A check's number as the table prints it: ``-1.448e-06 %``, ``812.3 us`` (from ms), ``0.9925``."""
+    if unit == "ms":  # bench reports latency in us: the same unit here
+        us = 1000 * value
+        return f"{us:g} us" if limit else f"{us:.1f} us"
+    text = f"{value:g}" if limit else f"{value:.4g}"
+    return f"{text} %" if unit == "%" else text
 
 
 def check_columns(report: FleetReport) -> list[str]:

@@ -57,7 +57,8 @@ def open_model(path: str | Path, fmt: str, threads: int = 1, options: Any = None
         )
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
         raise InputError(f"threads must be an integer from 1 to {MAX_THREADS} (got {str(threads)[:24]})",
-                         "pass --threads 1 or more, up to the device's cores")  # fmt: skip
+                         "pass threads=1 or more, up to the device's cores",
+                         cli_fix="pass --threads 1 or more, up to the device's cores")  # fmt: skip
     return factory(Path(path), threads, options)
 
 

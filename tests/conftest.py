@@ -9,6 +9,7 @@ import getpass
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -554,9 +555,10 @@ def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
-@pytest.fixture(scope="module")
-def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
-    d = tmp_path_factory.mktemp("board")
+@contextlib.contextmanager
+def make_board(d: Path, login: Path | None = None) -> Iterator[Board]:
+    """A :class:`Board` in ``d``: its sessions start in ``login`` (default: its home, with HOME pointing
+    at the home either way)."""
     home = d / "home"
     home.mkdir()
     venv = home / "venv"
@@ -569,10 +571,29 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB0ard0wner board-owner\n"
     )
     (d / "sshd").mkdir()
-    # a login directory of the board's own: sessions start there with HOME pointing at it
-    extra = (f"SetEnv HOME={home}", 'ForceCommand cd "$HOME" && exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"')
+    start = shlex.quote(str(login)) if login else '"$HOME"'
+    extra = (f"SetEnv HOME={home}", f'ForceCommand cd {start} && exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"')
     with start_sshd(d / "sshd", extra) as server:
         yield Board(server, home)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
+    """A login directory of the board's own: sessions start there with HOME pointing at it."""
+    with make_board(tmp_path_factory.mktemp("board")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def away_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Board, Path]]:
+    """A board whose sessions start in a login directory other than its $HOME (an sshd_config
+    ChrootDirectory/ForceCommand, a shared service account): ``~`` must still mean $HOME. Returns the
+    board and that login directory (which nothing of ours may touch)."""
+    d = tmp_path_factory.mktemp("away-board")
+    login = d / "login"
+    login.mkdir()
+    with make_board(d, login) as b:
+        yield b, login
 
 
 @pytest.fixture

@@ -518,7 +518,9 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     remote_home = Path(os.path.expanduser(f"~{sshd.user}"))
     for where in (tmp_path, remote_home, Path.cwd(), cache.parent):
         assert not list(where.glob(f"{token}*")), f"a shell ran injected commands in {where}"
-    assert remote_path("~/.cache/x") == ".cache/x" and remote_path("/abs") == "/abs"
+    assert (
+        remote_path("~/.cache/x", "/home/pi") == "/home/pi/.cache/x" and remote_path("/abs", "/h") == "/abs"
+    )
     # a model name is a runner argument and a file stem on the device: one safe alphabet, checked at load
     manifest = json.loads((bundle / "manifest.json").read_text())
     next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = f"int8 $(touch {token}-6);'"

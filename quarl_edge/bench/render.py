@@ -12,6 +12,13 @@ from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.text import md_cell
 
 MARKDOWN_TITLE = "# quarl-edge bench:"
+DEFINITIONS = (
+    "drop: the mean paired reward change vs the reference, in % of |the reference's mean return|; positive = "
+    "worse whatever the sign of the returns (-200 -> -210 is a drop of +5%), and with a reference mean of 0 "
+    "in hundredths of a reward unit. agree: the share of equal actions (discrete), or 1 - mean |Δa| / action "
+    "range, each dimension's error capped at its whole range (continuous), on the bundle's recorded trace."
+)
+"""how the report's drop and agreement are defined, said once in every Markdown report (docs/usage.md too)"""
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
 IN_LOOP_COLUMNS = ("loop p99 us", "loop p99.9 us", "loop max us", "miss")
 """with `bench --hz`: act() inside the closed-loop episodes, and the share of steps over the budget"""
@@ -187,8 +194,7 @@ def markdown(report: BenchReport) -> str:
     if report.has_in_loop:
         first = [f"{md_cell(m.name)} {m.first_inference_ms:.2f} ms" for m in report.models]
         lines += ["", md_cell(in_loop_line(report)), "", "First call after load: " + ", ".join(first) + "."]
-    lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
-              "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
+    lines += ["", DEFINITIONS]
     return "\n".join(lines) + "\n"
 
 

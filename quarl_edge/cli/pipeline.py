@@ -63,7 +63,7 @@ def train(
     seed: SeedOpt = 0,
     model: Annotated[str | None, typer.Option("--model", help="mlp or nature_cnn (default: per env)")] = None,
     net_arch: Annotated[str | None, typer.Option("--net-arch", help="hidden sizes, e.g. 64,64")] = None,
-    eval_episodes: Annotated[int, typer.Option("--eval-episodes")] = 10,
+    eval_episodes: Annotated[int, typer.Option("--eval-episodes", help="episodes of the final evaluation")] = 10,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="save every N steps")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --out")] = False,
     keep_best: Annotated[int, typer.Option("--keep-best", help="score N episodes at every checkpoint and end with the best weights (needs --checkpoint-every)")] = 0,
@@ -103,7 +103,7 @@ def train(
 def record(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("trace file to write (.npz)")],
-    episodes: Annotated[int, typer.Option("--episodes")] = 10,
+    episodes: Annotated[int, typer.Option("--episodes", help="episodes to record")] = 10,
     epsilon: Annotated[float, typer.Option("--epsilon", help="exploration noise for calibration coverage")] = 0.1,
     seed: SeedOpt = 0,
     max_steps: MaxStepsOpt = None,
@@ -152,12 +152,12 @@ def _stem(policy: Path) -> str:
 def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
-    to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}, c-{fp32,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
+    to: Annotated[str, typer.Option("--to", help="comma-separated targets, of: onnx-fp32, onnx-fp16, onnx-int8, onnx-int4, tflite-fp32, tflite-fp16, tflite-int8, c-fp32, c-int8", show_default="onnx-fp32, onnx-fp16, onnx-int8")] = "onnx-fp32,onnx-fp16,onnx-int8",
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz), or observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here")] = None,
     method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
-    percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
+    percentile: Annotated[float, typer.Option("--percentile", help="the range kept by --method percentile, in %")] = 99.999,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
-    full_int8: Annotated[bool, typer.Option("--full-int8", help="quantize the input and output layers too")] = False,
+    full_int8: Annotated[bool, typer.Option("--full-int8", help="int8 of every layer: by default int8 keeps the output layer, and for vector observations the input layer, in float")] = False,
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
@@ -212,7 +212,7 @@ def bench(
     threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
     oversubscribe: Annotated[bool, typer.Option("--oversubscribe", help="allow --threads above the device's cores")] = False,
     env_on_host: Annotated[bool, typer.Option("--env-on-host", help="env here, only the policy on the device (per step over the link)")] = False,
-    latency_samples: Annotated[int, typer.Option("--latency-samples")] = 1000,
+    latency_samples: Annotated[int, typer.Option("--latency-samples", help="timed inferences per model (after warm-up)")] = 1000,
     max_steps: MaxStepsOpt = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="replay trace (default: the bundle's)")] = None,
@@ -263,10 +263,10 @@ def bench(
 
 def gate(
     report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet)")],
-    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
+    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused)")] = "2%",
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
-    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
-    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest tight-loop p99 latency in ms, every model")] = None,
+    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`: 1% or the fraction 0.01")] = None,
     max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32 on the trace: max |Δa| in action units (discrete: share of differing actions); for reports whose reward was not measured")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
@@ -286,9 +286,9 @@ def gate(
     )
     from quarl_edge.tune.verify import check_tune_json
 
-    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
-                     max_p99_ms=max_p99_ms,
-                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate),
+    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop, "--max-reward-drop"),
+                     min_agreement=min_agreement, max_p99_ms=max_p99_ms,
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate, "--max-miss-rate"),
                      max_action_error=max_action_error)  # fmt: skip
     data = read_report(report)
     check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
@@ -309,7 +309,7 @@ def gate(
 
 def demo(
     out: Annotated[Path, out_option("work folder for the bundle and report")] = Path("out/demo"),
-    episodes: Annotated[int, typer.Option("--episodes")] = 20,
+    episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
 ) -> None:
     """Export -> bench -> gate on the shipped CartPole PPO policy, and print the comparison."""
     from quarl_edge.demo import run_demo

@@ -10,8 +10,10 @@ import typer
 from quarl_edge.cli._options import (
     AddressOpt,
     JsonOpt,
+    NoRayOpt,
     QatActivationsOpt,
     QatScopeOpt,
+    WorkersOpt,
     ZooOpt,
     int_list,
     name_list,
@@ -40,12 +42,19 @@ def _show(study: Any, files: list[Path], as_json: bool, title: str, module: Any)
     info("wrote " + ", ".join(str(f) for f in files))
 
 
+def _workers(workers: int | None, no_ray: bool) -> dict[str, Any]:
+    """--workers / --no-ray as config fields (the config's defaults stand when they are not given)."""
+    return {**({"workers": workers} if workers is not None else {}), **({"ray": False} if no_ray else {})}
+
+
 def study_ptq(
     suite: Annotated[str | None, typer.Option("--suite", help="quick (CI) or paper (every zoo policy); default: quick, or paper with --zoo (zoo add's default suite)")] = None,
     episodes: EpisodesOpt = None,
     bits: Annotated[str | None, typer.Option("--bits", help="weight-only bit widths, e.g. 2,3,4,8")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated zoo names")] = None,
     confirm_episodes: Annotated[int | None, typer.Option("--confirm-episodes", help="more paired episodes to re-check an int8 gate failure (default: 0 quick, 100 paper)")] = None,
+    workers: WorkersOpt = None,
+    no_ray: NoRayOpt = False,
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for ptq.md/.csv/.json and PNG plots")] = Path("out/study-ptq"),
     zoo: ZooOpt = None,
@@ -56,7 +65,8 @@ def study_ptq(
 
     suite = suite or ("paper" if zoo else "quick")
     cfg = ptq.StudyConfig(suite=suite, episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), address=address,
-                          out=out, policies=name_list(policies), confirm_episodes=confirm_episodes, zoo=zoo)  # fmt: skip
+                          out=out, policies=name_list(policies), confirm_episodes=confirm_episodes, zoo=zoo,
+                          **_workers(workers, no_ray))  # fmt: skip
     study = ptq.run_study(cfg, progress=info)
     _show(study, ptq_report.write_outputs(study, out), as_json, f"PTQ study ({suite})", ptq_report)
 
@@ -69,6 +79,8 @@ def study_qat(
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated task names")] = None,
     qat_activations: QatActivationsOpt = True,
     qat_scope: QatScopeOpt = "all",
+    workers: WorkersOpt = None,
+    no_ray: NoRayOpt = False,
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for qat.md/.csv/.json and the PNG plot")] = Path("out/study-qat"),
     as_json: JsonOpt = False,
@@ -77,7 +89,8 @@ def study_qat(
     from quarl_edge.study import qat
 
     cfg = qat.QATStudyConfig(suite=suite, episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), steps=steps,
-                             address=address, policies=name_list(policies), activations=qat_activations, scope=qat_scope, out=out)  # fmt: skip
+                             address=address, policies=name_list(policies), activations=qat_activations, scope=qat_scope, out=out,
+                             **_workers(workers, no_ray))  # fmt: skip
     study = qat.run_study(cfg, progress=info)
     _show(study, qat.write_outputs(study, out), as_json, f"QAT vs PTQ ({suite})", qat)
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.stats import mean_std, paired_drift
 from quarl_edge.study.result import VariantResult, variant_result
@@ -65,36 +64,6 @@ def unavailable(policy_dir: Path, env_id: str) -> str | None:
     except QuarlError as e:
         return f"environment not available: {e}"
     return None
-
-
-# ---- Ray -----------------------------------------------------------------------------------------------
-
-
-def import_ray(what: str = "the study") -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError(
-            f"{what} runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
-        ) from None
-    return ray
-
-
-@contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
-    """Ray, started here (local, or the cluster at ``address``) unless already up; shut down only if
-    started here. Yields the ``ray`` module."""
-    ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=address, num_cpus=None if address else num_cpus,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
-        started = True
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # ---- the result row ----------------------------------------------------------------------------------

@@ -41,12 +41,16 @@ class Candidate:
 
     @property
     def name(self) -> str:
+        """The model's name and file stem, safe in shells and file systems (letters, digits, ``. _ -``:
+        nothing a shell globs or splits): ``onnx-int8-minmax-u8s8``, ``tflite-int8-minmax-float-mlp.0``.
+        The layers kept in float come last, each after a ``-`` (module paths have none), ``-float-none``
+        for every layer int8."""
         if self.precision != "int8":
             return self.target
-        layers = "" if self.float_layers is None else "-float[" + ",".join(self.float_layers) + "]"
         act = "-u8s8" if self.activation == "U8S8" else ""
         pc = {None: "", True: "-per-channel", False: "-per-tensor"}[self.per_channel]
-        return f"{self.target}-{self.method}{layers}{act}{pc}"
+        layers = "" if self.float_layers is None else "-float-" + ("-".join(self.float_layers) or "none")
+        return f"{self.target}-{self.method}{act}{pc}{layers}"
 
     @property
     def kind(self) -> str:
