@@ -1,24 +1,45 @@
-"""Latency as a control loop sees it: act() timed inside closed-loop episodes, against a period's budget.
+"""The control loop: a fixed-rate loop runner (``run_loop``) and the in-loop statistics of ``bench --hz``.
 
-The runner times every ``Policy.act`` call of its closed-loop episodes (``--hz``), between two real
-``env.step`` calls, so the caches hold the environment's data, not the model's, as in a control loop.
-What is counted is act() alone: the observation check, the frame stack, the model's inference and the
-action's conversion; not env.step (in a bench the environment stands in for the world). A step misses
-its deadline when its act() took longer than the budget, 1/RATE. The episodes are not paced (no sleep
-between steps), so the figures leave out what idling between periods costs: examples/control_loop.py
-measures that.
+``run_loop(policy, LoopConfig(hz=50, steps=1000), env=env)`` (or ``read_obs=``/``write_action=`` callbacks
+for a robot's own sensors and actuators) runs ``policy.act`` once per period on absolute deadlines of the
+monotonic clock:
+
+- **skip, never burst**: a step whose work (read, act, write) ends after the next deadline is an overrun;
+  the loop then waits for the first deadline still ahead and counts the periods it skipped, so it never
+  runs two steps back to back to catch up;
+- **pre-deadline warm-up**: a lead before each deadline, one throw-away act() on the last observation
+  (``Policy.rehearse``: no effect on the policy's state, stats or log) brings the model's code and data
+  back into the caches and the core out of its idle state; the lead follows the measured cost of that
+  warm-up and the sleep's wake-up delay unless it is given;
+- **a final spin** to the deadline: the sleep ends a little early (the measured wake-up delay) and the
+  rest is a busy wait, so the step starts on time;
+- **OS settings** (runtimes.realtime): CPU affinity, SCHED_FIFO, mlockall, a 1 ns timer slack and a
+  frozen garbage collector during the loop, each reported as applied or why not, undone at the end.
+
+Why: after a sleep the caches, TLB and branch predictors are cold and the core may have clocked down.
+Measured here before this runner (CartPole int8): act() p50 17 us in a tight loop, 219-234 us in a loop
+that sleeps to 50 Hz.
+
+``in_loop_stats`` is what ``bench --hz`` reports: every ``Policy.act`` of its closed-loop episodes timed
+against a period's budget (1/RATE).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+import time
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import InputError
+from .realtime import OsSetting, RealtimeConfig, RealtimeSession
+
+if TYPE_CHECKING:
+    from .policy import Action, Policy
 
 MAX_HZ = 1e9  # one step per nanosecond: the clock's resolution
 
@@ -80,4 +101,391 @@ def in_loop_stats(
         max_us=float(us.max()),
         mean_us=float(us.mean()),
         first_call_ms=first_call_ms if first_call_ms is None or math.isfinite(first_call_ms) else None,
+    )
+
+
+# ---- the loop runner ----------------------------------------------------------------------------------
+
+MIN_HZ = 0.01
+"""the slowest rate the runner accepts (a period of 100 s)"""
+MAX_LOOP_HZ = 100_000.0
+"""the fastest: a 10 us period leaves no room for a Python act(), let alone a warm-up"""
+CALIBRATION_CALLS = 5
+"""warm-up calls and short sleeps timed before the first deadline, to start the automatic lead and spin"""
+WINDOW = 64
+"""the automatic lead and spin follow the p90 of the last WINDOW warm-ups and sleeps: a loaded machine's
+rare outlier does not stretch them (a decaying maximum did, to 3 ms at 50 Hz, here)"""
+LEAD_MARGIN = 1.1
+LEAD_SLACK_NS = 20_000
+MIN_SPIN_NS = 5_000
+"""the shortest automatic spin: the clock read and the loop itself take a few microseconds"""
+
+
+class _P90:
+    """The 90th percentile of the last WINDOW samples, recomputed every 8th sample (a sort of 64 floats,
+    a few microseconds, between steps)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.value = 0.0
+        self._i = 0
+
+    def add(self, x: float) -> None:
+        if len(self.samples) < WINDOW:
+            self.samples.append(x)
+        else:
+            self.samples[self._i % WINDOW] = x
+        self._i += 1
+        if self._i % 8 == 0 or len(self.samples) <= CALIBRATION_CALLS:
+            ordered = sorted(self.samples)
+            self.value = ordered[int(0.9 * (len(ordered) - 1))]
+
+
+def _check_rate(hz: Any) -> float:
+    if isinstance(hz, bool) or not isinstance(hz, int | float) or not MIN_HZ <= hz <= MAX_LOOP_HZ:
+        raise InputError(f"hz must be a control rate from {MIN_HZ:g} to {MAX_LOOP_HZ:g} steps per second "
+                         f"(got {str(hz)[:24]!r})", "e.g. hz=50")  # fmt: skip
+    return float(hz)
+
+
+def _check_us(value: Any, name: str, period_us: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < period_us:
+        raise InputError(f"{name} must be None (automatic) or 0 to below the period, {period_us:g} us "
+                         f"(got {str(value)[:24]!r})", f"e.g. {name}=None")  # fmt: skip
+    return float(value)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How ``run_loop`` paces a policy."""
+
+    hz: float
+    """control rate, steps per second"""
+    steps: int | None = None
+    """steps to run; None: until the env's episodes (``seeds``) end (an env is then required)"""
+    warmup: bool = True
+    """a throw-away act() on the last observation a lead before each deadline"""
+    lead_us: float | None = None
+    """the warm-up's lead before the deadline; None: automatic (the measured warm-up cost and wake-up
+    delay, with a margin, at most half the period)"""
+    spin_us: float | None = None
+    """the busy wait before the deadline; None: automatic (the measured wake-up delay of a sleep); 0: the
+    loop sleeps to the deadline itself"""
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    """the OS settings to ask for (affinity, SCHED_FIFO, mlockall, timer slack, frozen GC)"""
+
+    def __post_init__(self) -> None:
+        hz = _check_rate(self.hz)
+        object.__setattr__(self, "hz", hz)
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):  # fmt: skip
+            raise InputError(f"steps must be an integer >= 1 or None (got {str(self.steps)[:24]!r})",
+                             "e.g. steps=1000")  # fmt: skip
+        if not isinstance(self.warmup, bool):
+            raise InputError(
+                f"warmup must be True or False (got {str(self.warmup)[:24]!r})", "e.g. warmup=True"
+            )
+        period_us = 1e6 / hz
+        object.__setattr__(self, "lead_us", _check_us(self.lead_us, "lead_us", period_us))
+        object.__setattr__(self, "spin_us", _check_us(self.spin_us, "spin_us", period_us))
+        if not isinstance(self.realtime, RealtimeConfig):
+            raise InputError("realtime must be a RealtimeConfig", "e.g. realtime=RealtimeConfig.off()")
+
+    @classmethod
+    def plain(cls, hz: float, steps: int | None = None) -> LoopConfig:
+        """The loop most control scripts are: act, then sleep to the next deadline (no warm-up, no spin,
+        no OS settings). The 'before' of docs/runtime.md's table."""
+        return cls(hz, steps, warmup=False, spin_us=0.0, realtime=RealtimeConfig.off())
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """A distribution of times, in microseconds."""
+
+    count: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    max_us: float
+    mean_us: float
+
+    @classmethod
+    def of_ns(cls, ns: np.ndarray) -> Percentiles | None:
+        if ns.size == 0:
+            return None
+        us = ns.astype(np.float64) / 1e3
+        p50, p90, p99 = np.percentile(us, (50, 90, 99))
+        return cls(int(us.size), float(p50), float(p90), float(p99), float(us.max()), float(us.mean()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoopTrace:
+    """Every step of a loop, in order (nanoseconds on the monotonic clock)."""
+
+    deadline_ns: np.ndarray
+    """the step's deadline, from the first deadline"""
+    start_ns: np.ndarray
+    """when the step started, from the first deadline (>= its deadline: the loop never starts early)"""
+    act_ns: np.ndarray
+    """act() alone"""
+    work_ns: np.ndarray
+    """read_obs + act + write_action (for an env: env.step, and env.reset at an episode's end)"""
+    warmup_ns: np.ndarray
+    """the warm-up act() before this step's deadline (0: none ran)"""
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """What ``run_loop`` measured. Times are act() alone unless named otherwise."""
+
+    hz: float
+    period_us: float
+    steps: int
+    overruns: int
+    """steps whose work ended after the next deadline"""
+    skipped_periods: int
+    """deadlines passed over after overruns (the loop never bursts to catch up)"""
+    act: Percentiles
+    lateness: Percentiles
+    """step start minus its deadline: how late the loop woke up (the spin makes it ~0)"""
+    jitter: Percentiles | None
+    """|start-to-start interval - period| between consecutive steps with no skipped period"""
+    work: Percentiles
+    """read_obs + act + write_action"""
+    warmup: bool
+    warmup_cost: Percentiles | None
+    """the throw-away act() before each deadline (None: no warm-up ran)"""
+    warmups_missed: int
+    """periods whose step ended too late to leave the lead for a warm-up"""
+    lead_us: float
+    """the warm-up lead at the end of the loop (the given one, or where the automatic one settled)"""
+    spin_us: float
+    settings: tuple[OsSetting, ...]
+    returns: tuple[float, ...] = ()
+    """episode returns, in order (env only: the episodes that ended)"""
+    lengths: tuple[int, ...] = ()
+    trace: LoopTrace | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        counts = (self.steps, self.overruns, self.skipped_periods, self.warmups_missed)
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise ValueError(f"LoopResult counts must be integers >= 0: {counts}")
+        if not (self.hz > 0 and self.period_us > 0 and self.overruns <= self.steps):
+            raise ValueError("LoopResult: a rate above 0 and no more overruns than steps")
+
+    @property
+    def overrun_rate(self) -> float:
+        return self.overruns / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("trace", "settings")}
+        d["settings"] = [s.to_dict() for s in self.settings]
+        d["returns"], d["lengths"] = list(self.returns), list(self.lengths)
+        return d
+
+
+class EnvDriver:
+    """A gymnasium env as the loop's sensors and actuators: ``read_obs`` gives the observation of the
+    last step, ``write_action`` steps the env (and resets it, with the next seed, at an episode's end)."""
+
+    def __init__(self, env: Any, policy: Policy, seeds: Sequence[int | None], max_steps: int | None) -> None:
+        if not seeds:
+            raise InputError("seeds is empty", "pass at least one seed, e.g. seeds=[0]")
+        self.env, self.policy, self.seeds, self.max_steps = env, policy, list(seeds), max_steps
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.done = False
+        self._episode = 0
+        self._ret, self._len = 0.0, 0
+        self.obs = self._reset()
+
+    def _reset(self) -> Any:
+        obs, _ = self.env.reset(seed=self.seeds[self._episode])
+        self.policy.reset()
+        return obs
+
+    def read_obs(self) -> Any:
+        return self.obs
+
+    def write_action(self, action: Any) -> None:
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        self._ret += float(reward)
+        self._len += 1
+        self.obs = obs
+        if terminated or truncated or (self.max_steps is not None and self._len >= self.max_steps):
+            self.returns.append(self._ret)
+            self.lengths.append(self._len)
+            self._ret, self._len = 0.0, 0
+            self._episode += 1
+            if self._episode < len(self.seeds):
+                self.obs = self._reset()
+            else:
+                self.done = True
+
+
+class _Pacer:
+    """The waits between steps: sleep to a lead before the deadline, the warm-up, a spin to the deadline;
+    without a warm-up, a sleep to a spin before it."""
+
+    def __init__(self, policy: Policy, cfg: LoopConfig) -> None:
+        self.policy, self.warmup = policy, cfg.warmup
+        self.period = round(1e9 / cfg.hz)
+        self.fixed_lead = None if cfg.lead_us is None else round(cfg.lead_us * 1e3)
+        self.fixed_spin = None if cfg.spin_us is None else round(cfg.spin_us * 1e3)
+        self.warm = _P90()  # wake-up delay + warm-up cost, from the time the warm-up was due
+        self.wake = _P90()  # a sleep's wake-up delay
+        self.missed = 0
+
+    def calibrate(self, obs: Any) -> None:
+        """Start the automatic lead and spin from a few timed warm-ups and short sleeps."""
+        clock = time.monotonic_ns
+        for _ in range(CALIBRATION_CALLS):
+            target = clock() + 100_000
+            time.sleep(1e-4)
+            t0 = clock()
+            self.wake.add(float(t0 - target))
+            if obs is not None:
+                self.policy.rehearse(obs)
+            # a cold call costs several warm ones (the figure this runner exists for): start high, the
+            # loop's own warm-ups replace these within a few periods
+            self.warm.add(float(t0 - target) + 4.0 * (clock() - t0))
+
+    @property
+    def spin(self) -> int:
+        if self.fixed_spin is not None:
+            return self.fixed_spin
+        return min(self.period // 4, max(MIN_SPIN_NS, round(LEAD_MARGIN * self.wake.value)))
+
+    @property
+    def lead(self) -> int:
+        if self.fixed_lead is not None:
+            return self.fixed_lead
+        return min(self.period // 2, round(LEAD_MARGIN * self.warm.value) + LEAD_SLACK_NS)
+
+    def wait(self, deadline: int, obs: Any) -> int:
+        """Wait for ``deadline``, with a warm-up first when there is an observation and time for it;
+        returns the warm-up's cost in ns (0: none ran)."""
+        clock = time.monotonic_ns
+        if self.warmup and obs is not None:
+            at = deadline - self.lead
+            now = clock()
+            if now < at:
+                time.sleep((at - now) / 1e9)
+                t0 = clock()
+                self.policy.rehearse(obs)
+                t1 = clock()
+                self.warm.add(float(t1 - at))
+                while clock() < deadline:  # no sleep after the warm-up: a sleep would cool what it warmed
+                    pass
+                return t1 - t0
+            self.missed += 1
+        spin = self.spin
+        target = deadline - spin
+        now = clock()
+        if target > now:
+            time.sleep((target - now) / 1e9)
+            if self.fixed_spin is None:
+                self.wake.add(float(clock() - target))
+        while clock() < deadline:
+            pass
+        return 0
+
+
+def run_loop(
+    policy: Policy,
+    cfg: LoopConfig,
+    *,
+    env: Any = None,
+    seeds: Sequence[int | None] = (0,),
+    max_steps: int | None = None,
+    read_obs: Callable[[], Any] | None = None,
+    write_action: Callable[[Action], Any] | None = None,
+) -> LoopResult:
+    """Run ``policy`` at ``cfg.hz`` on absolute deadlines, driving ``env`` (a gymnasium env: episodes on
+    ``seeds`` in order, each capped at ``max_steps``) or the callbacks ``read_obs() -> obs`` and
+    ``write_action(action)``. Runs ``cfg.steps`` steps (None: until the env's episodes end). The OS
+    settings of ``cfg.realtime`` hold during the loop only; every one is reported in the result."""
+    if not isinstance(cfg, LoopConfig):
+        raise InputError("cfg must be a LoopConfig", "e.g. LoopConfig(hz=50, steps=1000)")
+    if (env is None) == (read_obs is None or write_action is None) or (
+            env is not None and (read_obs is not None or write_action is not None)):  # fmt: skip
+        raise InputError("run_loop drives either env= or both read_obs= and write_action=",
+                         "e.g. run_loop(policy, cfg, env=policy.make_env())")  # fmt: skip
+    if cfg.steps is None and env is None:
+        raise InputError("steps=None runs until the env's episodes end, and there is no env",
+                         "give LoopConfig(steps=N) with callbacks")  # fmt: skip
+    driver = EnvDriver(env, policy, seeds, max_steps) if env is not None else None
+    if driver is not None:
+        read_obs, write_action = driver.read_obs, driver.write_action
+    assert read_obs is not None and write_action is not None  # checked above
+    pacer = _Pacer(policy, cfg)
+    session = RealtimeSession(cfg.realtime)
+    rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup")}
+    last = driver.obs if driver is not None else None
+    overruns = skipped = 0
+    clock, act, period = time.monotonic_ns, policy.act, pacer.period
+    limit = cfg.steps if cfg.steps is not None else 2**62
+    settings: tuple[OsSetting, ...] = ()
+    try:
+        settings = session.apply()
+        pacer.calibrate(last)
+        first = deadline = clock() + period
+        steps = 0
+        while steps < limit and not (driver is not None and driver.done):
+            warm = pacer.wait(deadline, last)
+            start = clock()
+            obs = read_obs()
+            t0 = clock()
+            action = act(obs)
+            t1 = clock()
+            write_action(action)
+            end = clock()
+            last = obs
+            for key, value in (("deadline", deadline - first), ("start", start - first), ("act", t1 - t0),
+                               ("work", end - start), ("warmup", warm)):  # fmt: skip
+                rec[key].append(value)
+            steps += 1
+            deadline += period
+            if end > deadline:  # overrun: the first deadline still ahead, never a burst of late steps
+                missed = (end - deadline) // period + 1
+                overruns += 1
+                skipped += missed
+                deadline += missed * period
+    finally:
+        session.restore()
+    return _result(cfg, pacer, settings, rec, overruns, skipped, driver)
+
+
+def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec: dict[str, array],
+            overruns: int, skipped: int, driver: EnvDriver | None) -> LoopResult:  # fmt: skip
+    a = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in rec.items()}
+    trace = LoopTrace(a["deadline"], a["start"], a["act"], a["work"], a["warmup"])
+    gaps = np.diff(trace.deadline_ns)
+    on_grid = gaps == pacer.period  # consecutive steps with no skipped period between them
+    jitter = np.abs(np.diff(trace.start_ns)[on_grid] - pacer.period)
+    empty = Percentiles(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    return LoopResult(
+        hz=cfg.hz,
+        period_us=pacer.period / 1e3,
+        steps=int(trace.act_ns.size),
+        overruns=overruns,
+        skipped_periods=skipped,
+        act=Percentiles.of_ns(trace.act_ns) or empty,
+        lateness=Percentiles.of_ns(trace.start_ns - trace.deadline_ns) or empty,
+        jitter=Percentiles.of_ns(jitter),
+        work=Percentiles.of_ns(trace.work_ns) or empty,
+        warmup=cfg.warmup,
+        warmup_cost=Percentiles.of_ns(trace.warmup_ns[trace.warmup_ns > 0]),
+        warmups_missed=pacer.missed,
+        lead_us=pacer.lead / 1e3 if cfg.warmup else 0.0,
+        spin_us=pacer.spin / 1e3,
+        settings=settings,
+        returns=tuple(driver.returns) if driver is not None else (),
+        lengths=tuple(driver.lengths) if driver is not None else (),
+        trace=trace,
     )

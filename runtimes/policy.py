@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from numpy.typing import ArrayLike
 from .adapters import ModelSession, check_input, open_model
 from .envs import bounds, make_env, split_wrappers
 from .errors import InputError
+from .fieldlog import FLAG_CLIPPED, FLAG_FP32, FLAG_NONFINITE, FLAG_OUT_OF_RANGE, header_of
 from .fsutil import sha256_file
 from .inputs import (
     ON_NONFINITE,
@@ -41,6 +43,7 @@ from .manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest, model_
 from .onnx import OrtOptions
 from .selection import check_device, choose_model, fp32_model, resolve_threads
 from .spec import EnvConfig, WrapperConfig
+from .telemetry import LOG_EVERY, LOG_MAX_BYTES, FieldLogger, LogStats
 
 Action = int | np.ndarray
 """an index for a discrete action space, a float32 array for a continuous one"""
@@ -109,6 +112,7 @@ class FrameStack:
         self.padding = padding
         self._zero = zero
         self._fresh = True
+        self._scratch = self.frames.copy()
 
     def reset(self) -> None:
         self._fresh = True
@@ -121,6 +125,16 @@ class FrameStack:
             self.frames[:-1] = self.frames[1:]  # numpy copies overlapping slices correctly
         self.frames[-1] = obs
         return self.frames
+
+    def peek(self, obs: np.ndarray) -> np.ndarray:
+        """What ``push(obs)`` would return, built in a scratch buffer: the stack is left as it is."""
+        out = self._scratch
+        if self._fresh:
+            out[:-1] = obs if self.padding == "reset" else self._zero
+        else:
+            out[:-1] = self.frames[1:]
+        out[-1] = obs
+        return out
 
 
 def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[FrameStack]:
@@ -150,6 +164,9 @@ def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[Frame
 
 class Policy:
     """One model of a bundle, loaded with an explicit thread count. Build it with ``load_policy``."""
+
+    log: FieldLogger | None = None
+    """the field log (``load_policy(..., log_dir=...)``: LoggedPolicy), else None"""
 
     def __init__(
         self,
@@ -237,6 +254,21 @@ class Policy:
         action: Action = int(out) if self._discrete else out.astype(np.float32)
         self._last = action
         return action
+
+    def rehearse(self, obs: ArrayLike) -> None:
+        """A throw-away ``act(obs)``: the same conversion, checks, frame stack and inference, with no
+        effect: nothing counted in ``stats`` or logged, the frame stack and the last action unchanged. The
+        loop runner calls it a lead before each deadline so that the real act() finds its code and data in
+        the caches (runtimes.loop). An observation act() would refuse is ignored."""
+        x = obs if type(obs) is np.ndarray else np.asarray(obs)
+        if x.shape != self.observation_shape or x.dtype.kind not in "biuf":
+            return
+        session = self.session
+        if self._fp32 is not None and not self._guard.ok(x):
+            session = self._fp32
+        for s in self._stacks:
+            x = s.peek(x)
+        session.run(x[None])
 
     def act_on_input(self, model_input: ArrayLike) -> Action:
         """The action for one model input (frames already stacked, as the observations of a trace),
@@ -360,6 +392,23 @@ class Policy:
             return out
         return self.session.run(batch)
 
+    @property
+    def log_stats(self) -> LogStats | None:
+        """The field log so far (``load_policy(..., log_dir=...)``), else None."""
+        return self.log.stats() if self.log is not None else None
+
+    def close(self) -> None:
+        """Write the field log's open chunk and stop its writer (nothing to do without a log_dir; also
+        done at exit). The policy can still act, unlogged."""
+        if self.log is not None:
+            self.log.close()
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def make_env(self, render_mode: str | None = None) -> Any:
         """The bundle's environment (gymnasium, with the preprocessing that changes the environment,
         e.g. Atari frame skipping) whose observations ``act`` takes."""
@@ -422,6 +471,36 @@ class Policy:
         )
 
 
+class LoggedPolicy(Policy):
+    """A Policy whose every ``log_every``-th act() is timed and recorded in a field log, with its out-of-range
+    and NaN flags (runtimes.telemetry). A subclass, so that a policy without a log runs the plain act()."""
+
+    log: FieldLogger
+    log_every: int = LOG_EVERY
+    calls: int = 0
+    """act() calls since load (a record's ``step``)"""
+
+    def act(self, obs: ArrayLike) -> Action:
+        self.calls = n = self.calls + 1
+        if n % self.log_every:
+            return Policy.act(self, obs)
+        g = self._guard
+        outside, nonfinite = g.out_of_range, g.nonfinite
+        t0 = time.perf_counter_ns()
+        action = Policy.act(self, obs)
+        t1 = time.perf_counter_ns()
+        flags = 0
+        if g.out_of_range != outside:
+            flags = FLAG_OUT_OF_RANGE | _OOR_FLAGS[self.on_out_of_range]
+        if g.nonfinite != nonfinite:
+            flags |= FLAG_NONFINITE
+        self.log.record(n, t0, self._stacks[-1].frames if self._stacks else obs, action, t1 - t0, flags)
+        return action
+
+
+_OOR_FLAGS = {"count": 0, "clip": FLAG_CLIPPED, "fp32": FLAG_FP32}
+
+
 def load_policy(
     bundle: str | Path,
     model: str | None = None,
@@ -433,6 +512,9 @@ def load_policy(
     on_out_of_range: OnOutOfRange = "count",
     session_options: OrtOptions | Mapping[str, Any] | None = None,
     device: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    log_every: int = LOG_EVERY,
+    log_max_bytes: int = LOG_MAX_BYTES,
 ) -> Policy:
     """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
     with ``threads`` threads, and warmed up with ``warmup`` inferences on a zero observation.
@@ -444,8 +526,10 @@ def load_policy(
     InputError for NaN/inf) or ``"hold"`` (repeat the last action). ``on_out_of_range``: ``"count"``,
     ``"clip"`` (to the calibration range) or ``"fp32"`` (the bundle's fp32 model answers). ``session_options``:
     ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
-    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. Errors are ``QuarlError``s whose
-    ``str()`` is one line: the problem and the fix (docs/runtime.md).
+    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``log_dir``: field telemetry, every
+    ``log_every``-th act() recorded in chunks there, the oldest removed past ``log_max_bytes``
+    (runtimes.telemetry; ``policy.close()`` writes the last chunk, as exit does). Errors are
+    ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
     if not isinstance(bundle, str | os.PathLike):
         raise InputError(
@@ -457,14 +541,23 @@ def load_policy(
         raise InputError(
             f"warmup must be an integer >= 0 (got {str(warmup)[:24]!r})", f"e.g. warmup={WARMUP_CALLS}"
         )
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise InputError(
+            f"log_every must be an integer >= 1 (got {str(log_every)[:24]!r})", "e.g. log_every=1"
+        )
     options = OrtOptions.of(session_options)
     manifest = load_manifest(bundle, verify=False)
     entry, why = choose_model(manifest, model, bundle)
     count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
     here = check_device(manifest, device)
     verify_model(bundle, entry)
-    policy = Policy(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
-                    on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
-                    device=here)  # fmt: skip
+    kind = Policy if log_dir is None else LoggedPolicy
+    policy = kind(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
+                  on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
+                  device=here)  # fmt: skip
+    if isinstance(policy, LoggedPolicy):
+        header = header_of(policy.info, policy.spec.observation_space.dtype)
+        policy.log, policy.log_every = FieldLogger(log_dir, header, log_max_bytes), log_every
+        weakref.finalize(policy, policy.log.close)  # the last chunk at exit, or when the policy goes
     policy.warm_up(warmup)
     return policy
