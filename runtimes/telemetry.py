@@ -123,9 +123,8 @@ class FieldLogger:
                                  "pick a folder this user can write") from None  # fmt: skip
             self.dir = Path(os.fspath(log_dir)).expanduser()
             self.failed = f"{e.strerror or type(e).__name__} writing {HEADER_NAME}"
-        self.session = (
-            _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4)
-        )
+        now = _dt.datetime.now(_dt.timezone.utc)
+        self.session = now.strftime("%Y%m%dT%H%M%S.%fZ-") + secrets.token_hex(4)
         obs_bytes = math.prod(header.obs_shape) * np.dtype(header.obs_dtype).itemsize
         per_record = obs_bytes + 4 * math.prod(header.action_shape) + 32
         self.capacity = max(1, min(MAX_CHUNK_RECORDS, min(CHUNK_BYTES, self.max_bytes // 4) // per_record))
@@ -133,8 +132,10 @@ class FieldLogger:
         self._integer = np.dtype(header.obs_dtype).kind in "biu"
         self._flush_ns = int(FLUSH_S * 1e9)
         self.wall_offset_ns = time.time_ns() - time.perf_counter_ns()
-        self.records = self.chunks = self.rotated = self.dropped = 0
-        self._dropped_pending = 0
+        self.records = self.chunks = self.rotated = 0
+        self.dropped = 0  # by the loop's thread: queue full, after a failure (the writer counts its own)
+        self._lost = 0  # by the writer's thread: chunks it could not write
+        self._pending = 0  # dropped since the last chunk queued: recorded in the next chunk's meta
         self._sizes = self._existing_chunks() if self.failed is None else {}
         self._seq = 0
         self._pool: list[np.ndarray] = []
@@ -204,13 +205,15 @@ class FieldLogger:
             "actions": np.frombuffer(self._actions, np.int64) if self._discrete else self._actions[:n],
             "step": np.frombuffer(self._step, np.int64), "t_ns": np.frombuffer(self._t, np.int64),
             "act_ns": np.frombuffer(self._lat, np.int64), "flags": np.frombuffer(self._flags, np.uint8),
+            "dropped": self._pending,
         }  # fmt: skip
         self._open()
         try:
             self._queue.put_nowait(chunk)
+            self._pending = 0
         except queue.Full:  # the disk is slower than the loop: drop this chunk, not the loop's pace
             self.dropped += n
-            self._dropped_pending += n
+            self._pending += n
             self._pool.append(chunk["obs"])
 
     def _warn(self, stacklevel: int = 4) -> None:
@@ -227,6 +230,8 @@ class FieldLogger:
             self._closed = True
         if self.failed is None:
             self._close_chunk()
+        else:
+            self.dropped += self._n
         self._queue.put(None)
         self._thread.join(timeout=60)
         if self.failed is not None and not self._warned:
@@ -234,7 +239,7 @@ class FieldLogger:
 
     def stats(self) -> LogStats:
         return LogStats(dir=str(self.dir), session=self.session, records=self.records, chunks=self.chunks,
-                        bytes=sum(self._sizes.values()), rotated=self.rotated, dropped=self.dropped,
+                        bytes=sum(self._sizes.values()), rotated=self.rotated, dropped=self.dropped + self._lost,
                         failed=self.failed)  # fmt: skip
 
     # -- the writer thread ---------------------------------------------------------------------------
@@ -248,10 +253,10 @@ class FieldLogger:
                 if self.failed is None:
                     self._write(chunk)
                 else:
-                    self.dropped += chunk["n"]
+                    self._lost += chunk["n"]
             except OSError as e:  # a full disk, a removed folder, an I/O error: stop logging, keep acting
                 self.failed = f"{e.strerror or type(e).__name__} writing a chunk"
-                self.dropped += chunk["n"]
+                self._lost += chunk["n"]
             finally:
                 if len(self._pool) < 2:
                     self._pool.append(chunk["obs"])
@@ -265,13 +270,12 @@ class FieldLogger:
         step = arrays["step"]
         meta = {"manifest_sha256": self.header.manifest_sha256, "model": self.header.model,
                 "session": self.session, "seq": self._seq, "records": n, "first_step": int(step[0]),
-                "last_step": int(step[-1]), "dropped": self._dropped_pending}  # fmt: skip
+                "last_step": int(step[-1]), "dropped": chunk["dropped"]}  # fmt: skip
         data = chunk_bytes(arrays, meta)
         self._rotate(len(data))
         atomic_write_bytes(self.dir / name, data)
         self._sizes[name] = len(data)
         self.chunks += 1
-        self._dropped_pending = 0
 
     def _rotate(self, incoming: int) -> None:
         """Remove the oldest chunks (ours by name) until ``incoming`` more bytes fit under the cap."""
