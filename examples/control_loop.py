@@ -90,13 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hz", type=float, default=50.0, help="control rate (steps per second)")
     p.add_argument("--steps", type=int, default=1000, help="control steps to run")
     p.add_argument("--model", default=None, help="model name (default: tune's choice or the only one)")
-    p.add_argument("--threads", type=int, default=None, help="default: tune's count for a tuned bundle, else 1")
+    p.add_argument(
+        "--threads", type=int, default=None, help="default: tune's count for a tuned bundle, else 1"
+    )
     p.add_argument("--seed", type=int, default=0, help="the first episode's seed")
     p.add_argument("--plain", action="store_true", help="act, step, sleep: no warm-up, spin or OS settings")
     p.add_argument("--log-dir", default=None, help="record every act() there (field telemetry)")
     p.add_argument("--log-every", type=int, default=1, help="record every N-th act() (with --log-dir)")
     p.add_argument("--sensor-bias", action="append", default=[], metavar="I=V", help="add V to feature I")
-    p.add_argument("--sensor-noise", type=float, default=0.0, help="Gaussian noise of this std on each feature")
+    p.add_argument(
+        "--sensor-noise", type=float, default=0.0, help="Gaussian noise of this std on each feature"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     try:

@@ -219,8 +219,25 @@ class Percentiles:
         p50, p90, p99 = np.percentile(us, (50, 90, 99))
         return cls(int(us.size), float(p50), float(p90), float(p99), float(us.max()), float(us.mean()))
 
+    def __post_init__(self) -> None:
+        values = (self.p50_us, self.p90_us, self.p99_us, self.max_us, self.mean_us)
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0 or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in values):  # fmt: skip
+            raise ValueError(
+                f"Percentiles: a count >= 0 and finite times >= 0 (got {self.count!r}, {values!r})"
+            )
+        if not self.p50_us <= self.p90_us <= self.p99_us <= self.max_us:
+            raise ValueError("Percentiles: p50 <= p90 <= p99 <= max")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Percentiles:
+        if not isinstance(d, dict):
+            raise ValueError("percentiles are not an object")
+        return cls(**{k: d.get(k) for k in ("count", "p50_us", "p90_us", "p99_us", "max_us", "mean_us")})
 
 
 @dataclass(frozen=True)
