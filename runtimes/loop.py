@@ -113,19 +113,24 @@ MAX_LOOP_HZ = 100_000.0
 CALIBRATION_CALLS = 5
 """warm-up calls and short sleeps timed before the first deadline, to start the automatic lead and spin"""
 WINDOW = 64
-"""the automatic lead and spin follow the p90 of the last WINDOW warm-ups and sleeps: a loaded machine's
-rare outlier does not stretch them (a decaying maximum did, to 3 ms at 50 Hz, here)"""
+"""the automatic lead and spin follow the last WINDOW warm-ups and sleeps (p90 of the cold ones, p50 of
+the warm ones): a loaded machine's rare outlier does not stretch them (a decaying maximum did, to 3 ms at
+50 Hz, here)"""
+WARM_CALLS = 8
+"""the automatic lead leaves room for the first (cold) warm-up and this many more: after a sleep act()
+here took 220 us, then 20, 13, 11 and 10.5 us (tight loop: 10.5 us), so one call is not enough"""
 LEAD_MARGIN = 1.1
 LEAD_SLACK_NS = 20_000
 MIN_SPIN_NS = 5_000
 """the shortest automatic spin: the clock read and the loop itself take a few microseconds"""
 
 
-class _P90:
-    """The 90th percentile of the last WINDOW samples, recomputed every 8th sample (a sort of 64 floats,
-    a few microseconds, between steps)."""
+class _Quantile:
+    """A quantile of the last WINDOW samples, recomputed every 8th sample (a sort of 64 floats, a few
+    microseconds, between steps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, q: float) -> None:
+        self.q = q
         self.samples: list[float] = []
         self.value = 0.0
         self._i = 0
@@ -138,7 +143,7 @@ class _P90:
         self._i += 1
         if self._i % 8 == 0 or len(self.samples) <= CALIBRATION_CALLS:
             ordered = sorted(self.samples)
-            self.value = ordered[int(0.9 * (len(ordered) - 1))]
+            self.value = ordered[int(self.q * (len(ordered) - 1))]
 
 
 def _check_rate(hz: Any) -> float:
@@ -253,7 +258,9 @@ class LoopTrace:
     work_ns: np.ndarray
     """read_obs + act + write_action (for an env: env.step, and env.reset at an episode's end)"""
     warmup_ns: np.ndarray
-    """the warm-up act() before this step's deadline (0: none ran)"""
+    """the warm-ups before this step's deadline, all of them (0: none ran)"""
+    warmup_calls: np.ndarray
+    """how many throw-away act() calls that was"""
 
 
 @dataclass(frozen=True)
@@ -276,7 +283,10 @@ class LoopResult:
     """read_obs + act + write_action"""
     warmup: bool
     warmup_cost: Percentiles | None
-    """the throw-away act() before each deadline (None: no warm-up ran)"""
+    """the throw-away act() calls before each deadline, their time together (None: no warm-up ran): the CPU
+    time the warm-up spends per period"""
+    warmup_calls: float
+    """throw-away act() calls per warmed-up period, on average"""
     warmups_missed: int
     """periods whose step ended too late to leave the lead for a warm-up"""
     lead_us: float
@@ -346,31 +356,36 @@ class EnvDriver:
 
 
 class _Pacer:
-    """The waits between steps: sleep to a lead before the deadline, the warm-up, a spin to the deadline;
-    without a warm-up, a sleep to a spin before it."""
+    """The waits between steps: a sleep to a lead before the deadline, warm-ups until the deadline is one
+    call away, a spin to it; without a warm-up, a sleep to a spin before the deadline, and the spin."""
 
     def __init__(self, policy: Policy, cfg: LoopConfig) -> None:
         self.policy, self.warmup = policy, cfg.warmup
         self.period = round(1e9 / cfg.hz)
         self.fixed_lead = None if cfg.lead_us is None else round(cfg.lead_us * 1e3)
         self.fixed_spin = None if cfg.spin_us is None else round(cfg.spin_us * 1e3)
-        self.warm = _P90()  # wake-up delay + warm-up cost, from the time the warm-up was due
-        self.wake = _P90()  # a sleep's wake-up delay
+        self.first = _Quantile(0.9)  # the wake-up delay and the first, cold warm-up, from its due time
+        self.call = _Quantile(0.5)  # a warm-up after the first
+        self.wake = _Quantile(0.9)  # a sleep's wake-up delay
         self.missed = 0
 
     def calibrate(self, obs: Any) -> None:
         """Start the automatic lead and spin from a few timed warm-ups and short sleeps."""
-        clock = time.monotonic_ns
+        clock, rehearse = time.monotonic_ns, self.policy.rehearse
         for _ in range(CALIBRATION_CALLS):
             target = clock() + 100_000
             time.sleep(1e-4)
             t0 = clock()
             self.wake.add(float(t0 - target))
-            if obs is not None:
-                self.policy.rehearse(obs)
+            if obs is None:
+                continue
+            rehearse(obs)
+            t1 = clock()
+            rehearse(obs)
+            self.call.add(float(clock() - t1))
             # a cold call costs several warm ones (the figure this runner exists for): start high, the
             # loop's own warm-ups replace these within a few periods
-            self.warm.add(float(t0 - target) + 4.0 * (clock() - t0))
+            self.first.add(float(t0 - target) + 4.0 * (t1 - t0))
 
     @property
     def spin(self) -> int:
@@ -382,24 +397,32 @@ class _Pacer:
     def lead(self) -> int:
         if self.fixed_lead is not None:
             return self.fixed_lead
-        return min(self.period // 2, round(LEAD_MARGIN * self.warm.value) + LEAD_SLACK_NS)
+        want = LEAD_MARGIN * self.first.value + WARM_CALLS * self.call.value + LEAD_SLACK_NS
+        return min(self.period // 2, round(want))
 
-    def wait(self, deadline: int, obs: Any) -> int:
-        """Wait for ``deadline``, with a warm-up first when there is an observation and time for it;
-        returns the warm-up's cost in ns (0: none ran)."""
+    def wait(self, deadline: int, obs: Any) -> tuple[int, int]:
+        """Wait for ``deadline``, warming up first when there is an observation and time for it; returns
+        the time the warm-ups took (ns) and their number (0, 0: none ran)."""
         clock = time.monotonic_ns
         if self.warmup and obs is not None:
             at = deadline - self.lead
             now = clock()
             if now < at:
+                rehearse = self.policy.rehearse
                 time.sleep((at - now) / 1e9)
                 t0 = clock()
-                self.policy.rehearse(obs)
-                t1 = clock()
-                self.warm.add(float(t1 - at))
+                rehearse(obs)
+                now = clock()
+                self.first.add(float(now - at))
+                calls, room = 1, 2 * self.call.value
+                while now + room < deadline:  # warm until one more call might not fit
+                    rehearse(obs)
+                    t = clock()
+                    self.call.add(float(t - now))
+                    now, calls = t, calls + 1
                 while clock() < deadline:  # no sleep after the warm-up: a sleep would cool what it warmed
                     pass
-                return t1 - t0
+                return now - t0, calls
             self.missed += 1
         spin = self.spin
         target = deadline - spin
@@ -410,7 +433,7 @@ class _Pacer:
                 self.wake.add(float(clock() - target))
         while clock() < deadline:
             pass
-        return 0
+        return 0, 0
 
 
 def run_loop(
@@ -442,7 +465,7 @@ def run_loop(
     assert read_obs is not None and write_action is not None  # checked above
     pacer = _Pacer(policy, cfg)
     session = RealtimeSession(cfg.realtime)
-    rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup")}
+    rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup", "calls")}
     last = driver.obs if driver is not None else None
     overruns = skipped = 0
     clock, act, period = time.monotonic_ns, policy.act, pacer.period
@@ -454,7 +477,7 @@ def run_loop(
         first = deadline = clock() + period
         steps = 0
         while steps < limit and not (driver is not None and driver.done):
-            warm = pacer.wait(deadline, last)
+            warm, calls = pacer.wait(deadline, last)
             start = clock()
             obs = read_obs()
             t0 = clock()
@@ -464,7 +487,7 @@ def run_loop(
             end = clock()
             last = obs
             for key, value in (("deadline", deadline - first), ("start", start - first), ("act", t1 - t0),
-                               ("work", end - start), ("warmup", warm)):  # fmt: skip
+                               ("work", end - start), ("warmup", warm), ("calls", calls)):  # fmt: skip
                 rec[key].append(value)
             steps += 1
             deadline += period
@@ -481,7 +504,7 @@ def run_loop(
 def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec: dict[str, array],
             overruns: int, skipped: int, driver: EnvDriver | None) -> LoopResult:  # fmt: skip
     a = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in rec.items()}
-    trace = LoopTrace(a["deadline"], a["start"], a["act"], a["work"], a["warmup"])
+    trace = LoopTrace(a["deadline"], a["start"], a["act"], a["work"], a["warmup"], a["calls"])
     gaps = np.diff(trace.deadline_ns)
     on_grid = gaps == pacer.period  # consecutive steps with no skipped period between them
     jitter = np.abs(np.diff(trace.start_ns)[on_grid] - pacer.period)
@@ -497,7 +520,10 @@ def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec
         jitter=Percentiles.of_ns(jitter),
         work=Percentiles.of_ns(trace.work_ns) or empty,
         warmup=cfg.warmup,
-        warmup_cost=Percentiles.of_ns(trace.warmup_ns[trace.warmup_ns > 0]),
+        warmup_cost=Percentiles.of_ns(trace.warmup_ns[trace.warmup_calls > 0]),
+        warmup_calls=float(trace.warmup_calls[trace.warmup_calls > 0].mean())
+        if trace.warmup_calls.any()
+        else 0.0,
         warmups_missed=pacer.missed,
         lead_us=pacer.lead / 1e3 if cfg.warmup else 0.0,
         spin_us=pacer.spin / 1e3,

@@ -256,19 +256,25 @@ class Policy:
         return action
 
     def rehearse(self, obs: ArrayLike) -> None:
-        """A throw-away ``act(obs)``: the same conversion, checks, frame stack and inference, with no
-        effect: nothing counted in ``stats`` or logged, the frame stack and the last action unchanged. The
-        loop runner calls it a lead before each deadline so that the real act() finds its code and data in
-        the caches (runtimes.loop). An observation act() would refuse is ignored."""
-        x = obs if type(obs) is np.ndarray else np.asarray(obs)
-        if x.shape != self.observation_shape or x.dtype.kind not in "biuf":
+        """A throw-away ``act(obs)``: the same code (conversion, checks, frame stack, inference, the action's
+        conversion) with no effect: nothing counted in ``stats`` or logged, the frame stack and the last
+        action unchanged. The loop runner calls it before each deadline so that the real act() finds its
+        code and data in the caches (runtimes.loop). An observation act() would refuse is ignored."""
+        g = self._guard
+        counts = g.observations, g.refused
+        try:
+            x = g.array(obs, self.observation_shape)
+        except InputError:
             return
+        finally:
+            g.observations, g.refused = counts
         session = self.session
-        if self._fp32 is not None and not self._guard.ok(x):
+        if not g.ok(x) and self._fp32 is not None:
             session = self._fp32
         for s in self._stacks:
             x = s.peek(x)
-        session.run(x[None])
+        out = (self.run_batch(x[None]) if session is self.session else session.run(x[None]))[0]
+        _ = int(out) if self._discrete else out.astype(np.float32)
 
     def act_on_input(self, model_input: ArrayLike) -> Action:
         """The action for one model input (frames already stacked, as the observations of a trace),
