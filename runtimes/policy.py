@@ -503,6 +503,18 @@ class LoggedPolicy(Policy):
         self.log.record(n, t0, self._stacks[-1].frames if self._stacks else obs, action, t1 - t0, flags)
         return action
 
+    def rehearse(self, obs: ArrayLike) -> None:
+        """``Policy.rehearse``, and the logger's path too: a record made and taken back, so that logging's
+        code and the open chunk's next slot are warm as well."""
+        g = self._guard
+        outside, nonfinite = g.out_of_range, g.nonfinite
+        t0 = time.perf_counter_ns()
+        Policy.rehearse(self, obs)
+        t1 = time.perf_counter_ns()
+        flags = FLAG_OUT_OF_RANGE if g.out_of_range != outside or g.nonfinite != nonfinite else 0
+        self.log.rehearse(self.calls + 1, t0, self._stacks[-1].frames if self._stacks else obs,
+                          self._last if self._last is not None else 0, t1 - t0, flags)  # fmt: skip
+
 
 _OOR_FLAGS = {"count": 0, "clip": FLAG_CLIPPED, "fp32": FLAG_FP32}
 

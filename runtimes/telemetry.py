@@ -196,6 +196,25 @@ class FieldLogger:
         if self._n == self.capacity or t_ns - self._opened > self._flush_ns:
             self._close_chunk()
 
+    def rehearse(self, step: int, t_ns: int, obs: Any, action: Any, act_ns: int, flags: int) -> None:
+        """``record``, then taken back: its code and the open chunk's next slot warmed, nothing kept (the
+        loop runner's warm-up). Skipped when that record would close the chunk."""
+        opened = self._opened
+        if (
+            self.failed is not None
+            or self._n + 1 >= self.capacity
+            or opened is None
+            or t_ns - opened > self._flush_ns
+        ):
+            return
+        self.record(step, t_ns, obs, action, act_ns, flags)
+        self._n -= 1
+        self.records -= 1
+        for a in (self._step, self._t, self._lat, self._flags):
+            a.pop()
+        if self._discrete:
+            self._actions.pop()
+
     def _close_chunk(self) -> None:
         n = self._n
         if n == 0:
