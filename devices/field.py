@@ -200,7 +200,8 @@ def _pull_log(ssh: SSHConnection, profile: DeviceProfile, remote: str, name: str
     todo.sort(key=lambda f: f.name != HEADER_NAME)
     fetched = gone = size = 0
     while todo:
-        batch, total = [], 0
+        batch: list[RemoteFile] = []
+        total = 0
         while todo and (not batch or total + todo[0].size <= BATCH_BYTES):
             total += todo[0].size
             batch.append(todo.pop(0))

@@ -168,8 +168,9 @@ def chunk_bytes(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
     """One chunk file's bytes (an uncompressed .npz: no CPU spent compressing on the board)."""
     meta_json = json.dumps(meta, sort_keys=True)
     buf = io.BytesIO()
-    np.savez(buf, **{k: arrays[k] for k in ARRAYS}, meta=np.array(meta_json),
-             content_sha256=np.array(content_hash(arrays, meta_json)))  # fmt: skip
+    entries: dict[str, Any] = {k: arrays[k] for k in ARRAYS}
+    entries.update(meta=np.array(meta_json), content_sha256=np.array(content_hash(arrays, meta_json)))
+    np.savez(buf, **entries)
     return buf.getvalue()
 
 

@@ -242,7 +242,10 @@ class Percentiles:
     def from_dict(cls, d: Any) -> Percentiles:
         if not isinstance(d, dict):
             raise ValueError("percentiles are not an object")
-        return cls(**{k: d.get(k) for k in ("count", "p50_us", "p90_us", "p99_us", "max_us", "mean_us")})
+        fields: dict[str, Any] = {
+            k: d.get(k) for k in ("count", "p50_us", "p90_us", "p99_us", "max_us", "mean_us")
+        }
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

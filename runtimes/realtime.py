@@ -145,7 +145,7 @@ class RealtimeSession:
         if not hasattr(os, "sched_setaffinity"):
             return OsSetting("affinity", False, f"not available on this OS ({sys.platform})")
         allowed = sorted(os.sched_getaffinity(0))
-        cpus = {allowed[-1]} if want == "auto" else set(want)
+        cpus: set[int] = {allowed[-1]} if isinstance(want, str) else set(want)
         outside = sorted(cpus - set(allowed))
         if outside:
             return OsSetting("affinity", False, f"CPU {outside[0]} is not one this process may use "

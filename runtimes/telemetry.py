@@ -233,7 +233,12 @@ class FieldLogger:
         except queue.Full:  # the disk is slower than the loop: drop this chunk, not the loop's pace
             self.dropped += n
             self._pending += n
-            self._pool.append(chunk["obs"])
+            self._pool.append(self._obs_of(chunk))
+
+    @staticmethod
+    def _obs_of(chunk: dict[str, Any]) -> np.ndarray:
+        obs: np.ndarray = chunk["obs"]
+        return obs
 
     def _warn(self, stacklevel: int = 4) -> None:
         self._warned = True
@@ -278,7 +283,7 @@ class FieldLogger:
                 self._lost += chunk["n"]
             finally:
                 if len(self._pool) < 2:
-                    self._pool.append(chunk["obs"])
+                    self._pool.append(self._obs_of(chunk))
 
     def _write(self, chunk: dict[str, Any]) -> None:
         n = chunk["n"]

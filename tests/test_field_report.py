@@ -14,7 +14,7 @@ import pytest
 from conftest import _export_shipped, assert_discriminating, assert_one_error
 
 from quarl_edge.field.calibration import calibration_trace, field_trace
-from quarl_edge.field.render import load_field_report, write_field_report
+from quarl_edge.field.render import load_field_report
 from quarl_edge.field.report import FieldReport, field_report
 from quarl_edge.runtimes import load_policy
 from quarl_edge.runtimes.errors import InputError

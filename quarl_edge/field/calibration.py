@@ -51,7 +51,7 @@ def calibration_trace(paths: Sequence[Path]) -> Trace:
     if len(traces) == 1:
         return traces[0]
     shapes = {(t.obs.shape[1:], t.obs.dtype.str) for t in traces}
-    envs = {t.meta.get("env_id") for t in traces} - {None}
+    envs = {str(t.meta["env_id"]) for t in traces if t.meta.get("env_id") is not None}
     if len(shapes) > 1 or len(envs) > 1:
         raise InputError(f"the calibration sources differ in observations or environment ({sorted(envs)})",
                          "merge data of one policy only")  # fmt: skip

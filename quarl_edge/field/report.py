@@ -65,10 +65,12 @@ class TimeBin:
     act_p99_us: float
 
     def __post_init__(self) -> None:
-        _count(self.first_record, "first_record"), _count(self.records, "records")
-        _num(self.t_s, "t_s", 0), _num(self.agreement, "agreement", -math.inf, 1)
-        _num(self.action_error, "action_error", 0), _num(self.out_of_range_rate, "out_of_range_rate", 0, 1)
-        _num(self.act_p50_us, "act_p50_us", 0), _num(self.act_p99_us, "act_p99_us", 0)
+        _count(self.first_record, "first_record")
+        _count(self.records, "records")
+        _num(self.agreement, "agreement", -math.inf, 1)
+        _num(self.out_of_range_rate, "out_of_range_rate", 0, 1)
+        for name in ("t_s", "action_error", "act_p50_us", "act_p99_us"):
+            _num(getattr(self, name), name, 0)
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,8 @@ def _outside(log: FieldLog, rng: CalibrationRange | None, obs_shape: tuple[int, 
         return None
     frames = log.obs.reshape(log.records, -1, *obs_shape)[:, -1]
     with np.errstate(invalid="ignore"):
-        out = ((frames < rng.low) | (frames > rng.high)).reshape(log.records, -1)
-    return out.any(axis=1, keepdims=True) if rng.features == 1 else out
+        out: np.ndarray = np.asarray((frames < rng.low) | (frames > rng.high)).reshape(log.records, -1)
+    return np.asarray(out.any(axis=1, keepdims=True)) if rng.features == 1 else out
 
 
 def _mean(x: np.ndarray) -> float | None:
@@ -273,7 +275,7 @@ def field_report(logs: str | Path, bundle: str | Path, model: str | None = None,
     obs_shape = tuple(manifest.policy.observation_space.shape)[stack_dims:]
     rng = CalibrationRange.from_manifest(manifest.calibration, obs_shape)
     outside = _outside(log, rng, obs_shape)
-    row_out = outside.any(axis=1)[finite] if outside is not None else np.zeros(len(x), bool)
+    row_out = np.asarray(outside.any(axis=1))[finite] if outside is not None else np.zeros(len(x), bool)
     latency = Percentiles.of_ns(log.act_ns)
     return FieldReport(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), tool_version=__version__,
