@@ -111,12 +111,18 @@ class Tuned:
 
     @classmethod
     def read(cls, folder: Path) -> Tuned:
-        block = json.loads((folder / "tune.json").read_text())["tune"]
-        if block["reference"] != REFERENCE:
+        from quarl_edge.tune.verify import read_tune_json
+
+        # checked as gate checks it: the choice benched, the bundle beside it the one tune.json names
+        read = read_tune_json(folder / "tune.json")
+        if read is None or read[1].choice is None:
+            raise SystemExit(f"{folder}/tune.json is a bench report without tune's choice")
+        result, choice = read[1], read[1].choice
+        if result.reference != REFERENCE:
             raise SystemExit(
-                f"{folder}: tune's reference is {block['reference']}, this benchmark needs {REFERENCE}"
+                f"{folder}: tune's reference is {result.reference}, this benchmark needs {REFERENCE}"
             )
-        return cls(folder, block["choice"]["name"], int(block["choice"]["threads"]), block)
+        return cls(folder, choice.name, choice.threads, result.tune_block())
 
 
 def tune(name: str, out: Path) -> Tuned:

@@ -3,13 +3,18 @@
 Remote cache (``cache_dir`` of the profile, default ``~/.cache/quarl-edge``), all content-addressed::
 
     runner/<sha256>.pyz                  the runner zipapp (quarl_edge.devices.zipapp)
-    bundles/<manifest sha256>/           manifest.json, the model files, trace.npz, .complete
+    bundles/<key>/                       manifest.json, the model files, trace.npz, .complete
     traces/<sha256>.npz                  a --trace given on the command line
 
-The manifest names the sha256 of every file, so its own sha256 names the whole bundle. Entries appear
-atomically (upload under a temporary name, then rename; a bundle's ``.complete`` is written last), so
-one probe command tells what is there; a second bench uploads nothing. The runner still checks every
-file's sha256 when it loads the bundle.
+A bundle's key is its manifest's sha256 (the manifest names the sha256 of every file, so its own names
+the whole bundle), with the signature's first 16 hex digits after a ``-`` when it is signed. Entries
+appear atomically, so one probe command tells what is there; a second bench uploads nothing.
+
+A bundle goes up as one stream to the runner's ``receive`` (runtimes/board.py), which checks every path,
+recomputes every sha256 on the board against the manifest the host named, and renames the folder into
+place only then. The other files go up through ``cat`` into a ``.NAME.$$.XXXXXXXX.tmp`` file, checked for
+size and sha256 before the rename. What a cut session leaves (its PID no longer runs) is removed by the
+next session's ``info --clean-cache``. The runner still checks the model's sha256 when it loads it.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from quarl_edge.devices.link import PolicyLink
 from quarl_edge.devices.profiles import DeviceProfile, remote_path
 from quarl_edge.devices.ssh import SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import RunnerZip, build_runner_zip
-from quarl_edge.runtimes.errors import QuarlError
-from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, load_manifest
+from quarl_edge.runtimes.board import COMPLETE, stream_bundle
+from quarl_edge.runtimes.bundlepath import read_file
+from quarl_edge.runtimes.errors import IntegrityError, QuarlError
+from quarl_edge.runtimes.fsutil import sha256_bytes, sha256_file
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, bundle_files, load_manifest
+from quarl_edge.runtimes.signing import SIGNATURE_NAME, TRUST_FILE, check_signature, parse_public_line
 
 Event = dict[str, Any]
-COMPLETE = ".complete"
+MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
 INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
 
 
@@ -48,6 +56,14 @@ class CachedBundle:
     remote: str
     files: tuple[str, ...]
     sha256: str
+    """of manifest.json"""
+    signature_sha256: str | None = None
+    """of manifest.sig, when the bundle is signed"""
+
+    def key_args(self) -> list[str]:
+        """The runner's ``--manifest-sha256 X [--signature-sha256 Y]``: what the board checks against."""
+        sig = ["--signature-sha256", self.signature_sha256] if self.signature_sha256 else []
+        return ["--manifest-sha256", self.sha256, *sig]
 
 
 class SSHTransport:
@@ -62,6 +78,7 @@ class SSHTransport:
         self.bundles: dict[Path, CachedBundle] = {}
         self.traces: dict[Path, str] = {}
         self.device_facts: dict[str, Any] = {}
+        self._board_keys: dict[str, str] | None = None
         self.harness: dict[str, Any] = {
             "transport": "ssh",
             "connect_s": None,
@@ -105,7 +122,8 @@ class SSHTransport:
         self.connect()
         wanted: list[tuple[str, str]] = []  # (kind, remote path to probe)
         if bundle is not None and Path(bundle) not in self.bundles:
-            cb = self._describe(Path(bundle))
+            cb = self.describe(Path(bundle))
+            self.check_trust(cb)
             self.bundles[Path(bundle)] = cb
             wanted.append(("bundle", cb.remote))
         if trace is not None and Path(trace) not in self.traces:
@@ -145,13 +163,37 @@ class SSHTransport:
             return sum((cb.local / rel).stat().st_size for rel in cb.files)
         return next(p for p, rr in self.traces.items() if rr == remote).stat().st_size
 
-    def _describe(self, bundle: Path) -> CachedBundle:
-        manifest = load_manifest(bundle, verify=False)
-        files = [MANIFEST_NAME, *(m.file for m in manifest.models)]
-        if manifest.trace:
-            files.append(str(manifest.trace["file"]))
-        sha = sha256_file(bundle / MANIFEST_NAME)
-        return CachedBundle(bundle, f"{self.cache}/bundles/{sha}", tuple(files), sha)
+    def describe(self, bundle: Path) -> CachedBundle:
+        """What the bundle is in the device's cache: its key, files and hashes (paths checked, no link)."""
+        manifest = load_manifest(bundle, verify=False)  # every path plain, no link anywhere in it
+        files = bundle_files(manifest)
+        sha = sha256_bytes(read_file(bundle, MANIFEST_NAME, MAX_BUNDLE_FILE))
+        sig = None
+        if (bundle / SIGNATURE_NAME).exists():
+            files.append(SIGNATURE_NAME)
+            sig = sha256_bytes(read_file(bundle, SIGNATURE_NAME, MAX_BUNDLE_FILE))
+        key = f"{sha}-{sig[:16]}" if sig else sha
+        return CachedBundle(bundle, f"{self.cache}/bundles/{key}", tuple(files), sha, sig)
+
+    def board_keys(self) -> dict[str, str]:
+        """The signing keys the device trusts (its ~/.config/quarl-edge/trusted_keys), read once."""
+        if self._board_keys is None:
+            r = self.ssh.run(f'cat -- "$HOME"/{shlex.quote(TRUST_FILE)} 2>/dev/null || true')
+            keys: dict[str, str] = {}
+            for i, line in enumerate(r.stdout.splitlines()[:1000], 1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    fp, key = parse_public_line(line, f"line {i} of {self.profile.name}:~/{TRUST_FILE}")
+                    keys[fp] = key
+            self._board_keys = keys
+        return self._board_keys
+
+    def check_trust(self, cb: CachedBundle) -> None:
+        """A board that trusts keys takes signed bundles only: refuse others here, before uploading.
+        The board checks again itself (runtimes/board.py, the runner, load_policy): it is the authority."""
+        keys = self.board_keys()
+        if keys:
+            data = read_file(cb.local, MANIFEST_NAME, MAX_BUNDLE_FILE)
+            check_signature(cb.local, data, True, trusted=keys, machine=self.profile.name)
 
     def _exists(self, paths: list[str]) -> dict[str, bool]:
         script = "; ".join(f"if [ -e {shlex.quote(p)} ]; then echo 1; else echo 0; fi" for p in paths)
@@ -175,11 +217,18 @@ class SSHTransport:
 
     def _put(self, src: bytes | Path, remote: str, what: str, size: int) -> None:
         parent, _, base = remote.rpartition("/")
-        tmp = f"{parent}/.{base}.{secrets.token_hex(4)}.tmp"
-        cmd = f"mkdir -p -- {shlex.quote(parent)} && cat > {shlex.quote(tmp)} && mv -f -- {shlex.quote(tmp)} {shlex.quote(remote)}"
+        q = shlex.quote
+        sha = sha256_bytes(src) if isinstance(src, bytes) else sha256_file(src)
+        # $$: the remote shell's PID in the temp name, so the next session can tell a cut upload's leftover
+        t = f"{q(f'{parent}/.{base}.')}$$.{secrets.token_hex(4)}.tmp"
+        check = f'[ "$(wc -c < "$t")" -eq {size} ]'
+        check += (
+            f' && {{ ! command -v sha256sum >/dev/null || [ "$(sha256sum < "$t" | cut -c1-64)" = {sha} ]; }}'
+        )
+        cmd = (f"t={t}; mkdir -p -- {q(parent)} && cat > \"$t\" && {check} && mv -f -- \"$t\" {q(remote)} "
+               f'|| {{ rm -f -- "$t"; echo "the upload arrived damaged or could not be stored" >&2; exit 1; }}')  # fmt: skip
         r = self.ssh.run(cmd, stdin=src)
         if r.exit_status != 0:
-            self.ssh.run(sh("rm", "-f", "--", tmp))
             raise SSHError(
                 f"upload of {what} to {self.profile.name}:{remote} failed: {r.stderr.strip()[-200:]}",
                 f"check space and permissions of cache_dir {self.profile.cache_dir!r} on the device",
@@ -188,24 +237,49 @@ class SSHTransport:
         self.harness["uploaded_bytes"] += size
 
     def _upload_bundle(self, cb: CachedBundle) -> None:
-        tmp = f"{cb.remote}.{secrets.token_hex(4)}.tmp"
-        for rel in cb.files:
-            self._upload_file(cb.local / rel, f"{tmp}/{rel}", f"bundle file {rel}")
-        final = f"{cb.remote}/{COMPLETE}"
-        q = shlex.quote
-        # a concurrent bench may have finished the same upload: keep whichever complete copy is there
-        cmd = (
-            f"date > {q(tmp + '/' + COMPLETE)} && "
-            f"if [ -e {q(final)} ]; then rm -rf -- {q(tmp)}; else rm -rf -- {q(cb.remote)} && mv -- {q(tmp)} {q(cb.remote)}; fi"
-        )
-        r = self.ssh.run(cmd)
-        if r.exit_status != 0:
-            raise SSHError(
-                f"cannot finish the bundle upload on {self.profile.name}: {r.stderr.strip()[-200:]}"
-            )
+        """One stream to the runner's ``receive``: the board checks and hashes everything before the
+        bundle gets its name in the cache (runtimes/board.py)."""
+        files = [(rel, read_file(cb.local, rel, MAX_BUNDLE_FILE)) for rel in cb.files]  # never via a link
+        if sha256_bytes(files[0][1]) != cb.sha256:
+            raise IntegrityError(f"{str(cb.local)!r} changed while it was uploaded", "run the command again")
+        cmd = sh(self.python, self.runner_path, "receive", "--dest", cb.remote, *cb.key_args())
+        self.board_command(cmd, "store the bundle", stdin=stream_bundle(files))
+        self.harness["uploaded_files"] += [f"bundle file {rel}" for rel, _ in files]
+        self.harness["uploaded_bytes"] += sum(len(d) for _, d in files)
+
+    def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> dict[str, Any]:
+        """Run one of the runner's cache commands (receive, verify, name) and return its answer; the
+        board's refusal (a path, a hash, a signature) is one QuarlError line naming the device."""
+        r = self.ssh.run(cmd, stdin=stdin, timeout=self.profile.command_timeout)
+        lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+        try:
+            answer = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        if not isinstance(answer, dict):
+            answer = {}
+        if answer.get("event") == "error":  # the device's message names the problem and the fix
+            raise QuarlError(f"{self.profile.name} refused to {what}: {str(answer.get('message'))[:500]}")
+        if r.exit_status != 0 or not answer:
+            tail = (r.stderr.strip().splitlines() or [f"exit code {r.exit_status}"])[-1]
+            raise SSHError(f"could not {what} on {self.profile.name}: {tail[-300:]}",
+                           f"check the device with `quarl-edge devices check {self.profile.name}`")  # fmt: skip
+        return answer
+
+    def home(self) -> str:
+        """The login directory on the device, absolute (a path printed for Python there cannot use ``~``)."""
+        self.connect()
+        r = self.ssh.run('printf %s "$HOME"', timeout=self.profile.connect_timeout + 30)
+        home = r.stdout.rstrip("/") or "/"
+        if r.exit_status != 0 or not home.startswith("/") or len(home) > 4096 or not home.isprintable():
+            raise SSHError(f"{self.profile.name} did not tell its home folder ($HOME: {home[:80]!r})",
+                           "set HOME for the SSH user on the device")  # fmt: skip
+        return home
 
     def _device_facts(self) -> dict[str, Any]:
-        r = self.ssh.run(sh(self.python, self.runner_path, "info"), timeout=INFO_TIMEOUT_S)
+        # the first runner command of a session: it also removes what cut uploads left in the cache
+        cmd = sh(self.python, self.runner_path, "info", "--clean-cache", self.cache)
+        r = self.ssh.run(cmd, timeout=INFO_TIMEOUT_S)
         if r.exit_status == 127 or (r.exit_status != 0 and "No such file" in r.stderr):
             raise SSHError(
                 f"no Python at {self.profile.python!r} on {self.profile.name}",

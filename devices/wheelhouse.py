@@ -333,7 +333,8 @@ def setup_commands(
             [q(vpy), "-m", "pip", "install", "--no-index", "--no-cache-dir", "--disable-pip-version-check"]
             + ["--find-links", q(wheel_dir), *(q(p) for p in pins)]
         ),
-        f"{q(vpy)} -c {q(f'import {modules}')}",
+        # the import proof loads onnxruntime without quarl_edge: its telemetry files must be turned off here
+        f"ORT_DISABLE_TELEMETRY=1 {q(vpy)} -c {q(f'import {modules}')}",
         f"rm -rf -- {q(wheel_dir)}",  # installed: the wheels would only take the board's SD card
     ]
 

@@ -9,4 +9,13 @@ pull in torch.
 
 from __future__ import annotations
 
+import os
+
 __version__ = "0.1.0"
+
+# ONNX Runtime 1.32 writes ~/.cache/Microsoft/DeveloperTools/.onnxruntime/{deviceid,onnxruntime.db} when it
+# is imported, and queues usage events for Microsoft's collector, unless this is set before it loads
+# (disable_telemetry_events() after the import is too late for the files). Every import of ours runs this
+# first (the device runner's zipapp and the runtime wheel carry this file), so nothing of ours writes
+# outside our folders on a board. A user who sets it to 0 keeps ONNX Runtime's default.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")

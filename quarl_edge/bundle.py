@@ -27,6 +27,7 @@ from quarl_edge.runtimes.envs import split_wrappers
 from quarl_edge.runtimes.errors import InputError, Interrupted
 from quarl_edge.runtimes.fsutil import (
     atomic_directory,
+    atomic_write_bytes,
     atomic_write_json,
     clean_temp_dirs,
     sha256_file,
@@ -34,6 +35,7 @@ from quarl_edge.runtimes.fsutil import (
 )
 from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
+from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
 
 TRACE_SAMPLES = 1000
@@ -67,6 +69,8 @@ class BundleRequest:
     reads: Sequence[tuple[str, Path | None]] = ()
     """what else the export reads, as (label, path): the policy's folder or .zip, a VecNormalize file.
     ``out`` may not be, hold or lie inside any of them (nor the calibration file)"""
+    sign_key: Path | None = None
+    """an ed25519 private key: the bundle gets a manifest.sig (runtimes/signing.py) before it appears"""
 
     def inputs(self) -> list[tuple[str, Path | None]]:
         return [("calibration file", self.calibration), *self.reads]
@@ -109,6 +113,7 @@ def _jobs(req: BundleRequest) -> list[Variant]:
 
 def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Manifest:
     jobs = _jobs(req)  # cheap validation before any expensive step
+    key = load_private_key(req.sign_key) if req.sign_key is not None else None
     targets = [j.target for j in jobs]
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
@@ -181,6 +186,10 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             tune=req.tune,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+        if key is not None:  # over the bytes just written, inside the folder that is renamed into place
+            atomic_write_bytes(
+                tmp / SIGNATURE_NAME, signature_document((tmp / MANIFEST_NAME).read_bytes(), key)
+            )
         claim(req.out, BUNDLE, req.inputs())  # again, just before the swap: the export took a while
         interrupts.check()  # a Ctrl-C that a converter caught and dropped still stops the swap
     return manifest

@@ -58,15 +58,17 @@ def run_demo(out: Path, episodes: int = 20) -> int:
 
 def _tune(policy_dir: Path, calib: Path | None, out: Path) -> None:
     """The demo's last step: not the int8 model because it is int8, the fastest one that keeps reward."""
+    from quarl_edge.tune.config import TuneConfig
     from quarl_edge.tune.report import columns, table_rows
-    from quarl_edge.tune.search import TuneConfig, run_tune
+    from quarl_edge.tune.search import run_tune
 
     info("every format, precision, calibration and thread count here, judged by reward (short budget)",
          label="4/4 tune")  # fmt: skip
     cfg = TuneConfig(policy=policy_dir, out=out, calibration=calib, episodes=5, confirm_episodes=10,
                      budget_min=3, latency_samples=300)  # fmt: skip
     result = run_tune(cfg, log=info)
-    table(f"tune {result['policy']} on local", columns(result), table_rows(result))
-    c = result["choice"]
-    info(f"chosen: {c['name']} at {c['threads']} thread(s), {c['speedup_vs_fp32']:.2f}x onnx-fp32's p50, reward "
-         f"drop {c['drop_pct'] or 0:+.2f}%; its bundle: {out / 'bundle'} (quarl-edge gate {out / 'tune.json'})")  # fmt: skip
+    table(f"tune {result.policy} on local", columns(result), table_rows(result))
+    c = result.choice
+    if c is not None:  # run_tune raises when nothing passes
+        info(f"chosen: {c.name} at {c.threads} thread(s), {c.speedup_vs_fp32:.2f}x {result.reference}'s p50, reward "
+             f"drop {c.drop_pct + 0.0:+.2f}%; its bundle: {out / 'bundle'} (quarl-edge gate {out / 'tune.json'})")  # fmt: skip

@@ -28,6 +28,7 @@ from quarl_edge.policy import format as checkpoint_format
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import clean_leftovers
 from quarl_edge.runtimes.manifest import BUNDLE_FORMAT, MANIFEST_NAME
+from quarl_edge.runtimes.signing import SIGNATURE_NAME
 from quarl_edge.runtimes.trace import TRACE_FORMAT
 
 _MAX_SNIFF_BYTES = 64 * 2**20  # more than any JSON file of ours; a bigger file is not one
@@ -81,7 +82,7 @@ def is_trace(path: Path) -> bool:
 
 def _bundle_entries(path: Path) -> set[str]:
     """manifest.json and every file its manifest names (read without verifying: it is being replaced)."""
-    names = {MANIFEST_NAME, "trace.npz"}
+    names = {MANIFEST_NAME, SIGNATURE_NAME, "trace.npz"}
     try:
         data = json.loads((path / MANIFEST_NAME).read_bytes())
         for m in data.get("models") or []:

@@ -10,6 +10,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from .errors import QuarlError
@@ -65,14 +67,34 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--oversubscribe", action="store_true", help="allow more threads than the device has cores"
     )
-    sub.add_parser("info", help="device facts as JSON")
+    i = sub.add_parser("info", help="device facts as JSON")
+    i.add_argument("--clean-cache", default=None, help="first remove what cut uploads left in this cache")
+    c = sub.add_parser(
+        "receive", help="a bundle stream on stdin into the cache, verified (devices/remote.py)"
+    )
+    c.add_argument("--dest", required=True)
+    k = sub.add_parser("verify", help="check a cached bundle against the host's manifest")
+    k.add_argument("--bundle", required=True)
+    n = sub.add_parser("name", help="verify a cached bundle and point a stable name at it (deploy)")
+    n.add_argument("--bundle", required=True)
+    n.add_argument("--root", required=True)
+    n.add_argument("--name", required=True)
+    for a in (c, k, n):
+        a.add_argument("--manifest-sha256", required=True)
+        a.add_argument("--signature-sha256", default=None)
     v = sub.add_parser("serve", help="the policy alone: observations in, actions out (bench --env-on-host)")
     v.add_argument("--bundle", required=True)
     v.add_argument("--model", required=True)
     v.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     try:
+        if args.cmd in ("receive", "verify", "name"):
+            return _cache_command(args)
         if args.cmd == "info":
+            if args.clean_cache:
+                from .board import clean_cache
+
+                clean_cache(Path(args.clean_cache), time.time())
             _emit({"event": "info", **device_info()})
             return 0
         if args.cmd == "serve":
@@ -105,6 +127,24 @@ def main(argv: list[str] | None = None) -> int:
     except QuarlError as e:
         _emit({"event": "error", "kind": type(e).__name__, "message": str(e)})
         return e.exit_code
+
+
+def _cache_command(args: argparse.Namespace) -> int:
+    from . import board
+
+    sha, sig = args.manifest_sha256, args.signature_sha256
+    try:
+        if args.cmd == "receive":
+            out = board.receive(Path(args.dest), sys.stdin.buffer, sha, sig)
+        elif args.cmd == "verify":
+            out = board.verify_cached(Path(args.bundle), sha, sig)
+        else:
+            out = board.name_bundle(Path(args.bundle), Path(args.root), args.name, sha, sig)
+    except OSError as e:  # a full disk, a folder we may not write
+        _emit({"event": "error", "kind": "OSError", "message": f"{args.cmd} failed on the device: {e}"})
+        return 2
+    _emit({"event": args.cmd, **out})
+    return 0
 
 
 if __name__ == "__main__":

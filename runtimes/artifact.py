@@ -28,18 +28,39 @@ def read_artifact(
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise error(f"{what} {where!r} is {size} bytes, too large to be one", fix)
-        data = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except ValueError as e:  # a path the OS cannot take (a NUL byte)
+        raise error(f"{what} {where!r} cannot be read ({str(e)[:160]})", fix) from None
+    return parse_artifact(data, where, fmt, max_version, what, fix, error, version_key)
+
+
+def parse_artifact(
+    data: bytes,
+    where: str,
+    fmt: str,
+    max_version: int,
+    what: str,
+    fix: str,
+    error: type[QuarlError] = InputError,
+    version_key: str = "schema_version",
+) -> dict[str, Any]:
+    """``data`` (the bytes of the file ``where``) parsed as read_artifact does: for a caller that must
+    check the very bytes it parses (a signed manifest, a file read without following links)."""
+    if len(data) > MAX_JSON_BYTES:
+        raise error(f"{what} {where!r} is {len(data)} bytes, too large to be one", fix)
+    try:
+        doc = json.loads(data)
     except ValueError as e:  # bad UTF-8, bad JSON, an integer of more digits than Python converts
         raise error(f"{what} {where!r} is not valid JSON ({str(e)[:160]})", fix) from None
     except RecursionError:
         raise error(f"{what} {where!r} is nested too deeply to be one", fix) from None
-    if not isinstance(data, dict) or data.get("format") != fmt:
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise InputError(f"{where!r} is not a quarl-edge {what}", fix)
-    version = data.get(version_key, 0)
+    version = doc.get(version_key, 0)
     if isinstance(version, bool) or not isinstance(version, int):
         raise error(f"{what} {where!r} has a {version_key} that is not an integer ({version!r})", fix)
     if version > max_version:
         raise InputError(
             f"{what} {where!r} is newer than this quarl-edge (schema {version})", "upgrade quarl-edge"
         )
-    return data
+    return doc

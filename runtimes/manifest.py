@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from . import schema
-from .artifact import read_artifact
+from .artifact import MAX_JSON_BYTES, parse_artifact
+from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
-from .fsutil import sha256_file
+from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
 
 MANIFEST_NAME = "manifest.json"
+RESERVED = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
 BUNDLE_FORMAT = "quarl-edge/bundle"
 BUNDLE_VERSION = 1
 
@@ -107,12 +109,13 @@ class Manifest:
                     schema.obj(d[k], f"bundle manifest {k}", fix)
             trace = d.get("trace")
             if trace:
-                schema.text(trace.get("file"), "bundle manifest trace.file", fix, 255)
+                _file(trace.get("file"), "bundle manifest trace.file", fix)
                 schema.text(trace.get("sha256"), "bundle manifest trace.sha256", fix, 64)
             models = tuple(
                 ModelEntry(
-                    name=schema.text(m["name"], "model name", fix, 256),
-                    file=schema.text(m["file"], "model file", fix, 255),
+                    # a model name is a runner argument and a file stem on the board: the safe alphabet
+                    name=safe_name(m["name"], "model name", fix),
+                    file=_file(m["file"], "model file", fix),
                     format=schema.text(m["format"], "model format", fix, 32),
                     precision=schema.text(m["precision"], "model precision", fix, 32),
                     sha256=schema.text(m["sha256"], "model sha256", fix, 64),
@@ -147,39 +150,96 @@ class Manifest:
             ) from None
 
 
+def _file(v: Any, what: str, fix: str) -> str:
+    rel = rel_path(v, what, fix)
+    if rel in RESERVED:
+        raise InputError(f"{what} {rel!r} is the name of the bundle's own {rel}", fix)
+    return rel
+
+
 def _check_file(bundle: Path, rel: str, expected: str, what: str) -> Path:
-    path = (bundle / rel).resolve()
-    if bundle.resolve() not in path.parents:
-        raise IntegrityError(f"manifest names a file outside the bundle: {rel!r}", "re-export the bundle")
-    if not path.is_file():
-        raise IntegrityError(f"bundle file {rel!r} ({what}) is missing", "re-export the bundle")
-    actual = sha256_file(path)
+    try:
+        actual = sha256_of(bundle, rel)  # never through a link, at any segment
+    except FileNotFoundError:
+        raise IntegrityError(f"bundle file {rel!r} ({what}) is missing", "re-export the bundle") from None
+    except OSError as e:  # a segment that is a file, a file we may not read
+        raise IntegrityError(
+            f"bundle file {rel!r} ({what}) cannot be read ({e.strerror or e})", "re-export the bundle"
+        ) from None
     if actual != expected:
         raise IntegrityError(
             f"sha256 mismatch for {rel!r} ({what}): manifest {expected[:12]}, file {actual[:12]}",
             "the file was modified or damaged; re-export the bundle",
         )
-    return path
+    return bundle / rel
 
 
-def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] | None = None) -> Manifest:
-    """Read ``bundle/manifest.json`` and check the sha256 of every file it names (or of ``models``)."""
+def read_manifest_bytes(bundle: str | Path) -> bytes:
+    """``bundle/manifest.json``'s bytes, read without following a link."""
     bundle = Path(bundle)
-    path = bundle / MANIFEST_NAME
-    if not path.is_file():
+    if not bundle.is_dir() or not (bundle / MANIFEST_NAME).exists():
         raise InputError(
             f"{str(bundle)!r} is not a bundle (no {MANIFEST_NAME})", "create one with `quarl-edge export`"
         )
-    data = read_artifact(path, BUNDLE_FORMAT, BUNDLE_VERSION, "bundle manifest", "re-export the bundle with "
-                         "`quarl-edge export`", error=IntegrityError)  # fmt: skip
-    manifest = Manifest.from_dict(data)
+    try:
+        return read_file(bundle, MANIFEST_NAME, MAX_JSON_BYTES)
+    except OSError as e:
+        raise InputError(
+            f"cannot read the bundle {str(bundle)!r} ({e.strerror or e})", "check its permissions"
+        ) from None
+
+
+def check_plain(bundle: Path) -> None:
+    """Nothing in the bundle is a symlink (bundlepath.entries)."""
+    try:
+        entries(bundle)
+    except OSError as e:
+        raise InputError(
+            f"cannot read the bundle {str(bundle)!r} ({e.strerror or e})", "check its permissions"
+        ) from None
+
+
+def parse_manifest(data: bytes, bundle: str | Path) -> Manifest:
+    """The manifest of these exact bytes (read from ``bundle``), every field and path checked."""
+    where = str(Path(bundle) / MANIFEST_NAME)
+    doc = parse_artifact(data, where, BUNDLE_FORMAT, BUNDLE_VERSION, "bundle manifest", "re-export the bundle "
+                         "with `quarl-edge export`", error=IntegrityError)  # fmt: skip
+    return Manifest.from_dict(doc)
+
+
+def load_manifest(bundle: str | Path, *, verify: bool = True, models: list[str] | None = None,
+                  require_signature: bool = False) -> Manifest:  # fmt: skip
+    """Read ``bundle/manifest.json`` and check the sha256 of every file it names (or of ``models``).
+
+    Whatever ``verify`` says, every path the manifest names is a plain relative path, nothing in the
+    bundle is a symlink (runtimes/bundlepath.py), and when ``require_signature`` or this machine
+    trusts signing keys (runtimes/signing.py), manifest.sig is a trusted key's signature of the very
+    bytes parsed here."""
+    bundle = Path(bundle)
+    data = read_manifest_bytes(bundle)
+    manifest = parse_manifest(data, bundle)
+    check_plain(bundle)
+    check_signature(bundle, data, require_signature)
     if verify:
-        for m in manifest.models:
-            if models is None or m.name in models:
-                verify_model(bundle, m)
-        if manifest.trace:
-            _check_file(bundle, manifest.trace["file"], manifest.trace["sha256"], "trace")
+        verify_files(bundle, manifest, models)
     return manifest
+
+
+def verify_files(bundle: Path, manifest: Manifest, models: list[str] | None = None) -> None:
+    """Recompute the sha256 of every model (or of ``models``) and of the trace, from the files."""
+    for m in manifest.models:
+        if models is None or m.name in models:
+            verify_model(bundle, m)
+    if manifest.trace:
+        _check_file(bundle, manifest.trace["file"], manifest.trace["sha256"], "trace")
+
+
+def bundle_files(manifest: Manifest) -> list[str]:
+    """manifest.json and every file it names, each once, in a stable order."""
+    files = [MANIFEST_NAME, *(m.file for m in manifest.models)]
+    if manifest.trace:
+        files.append(str(manifest.trace["file"]))
+    return list(dict.fromkeys(files))
 
 
 def verify_model(bundle: str | Path, entry: ModelEntry) -> Path:

@@ -530,6 +530,7 @@ def load_policy(
     on_out_of_range: OnOutOfRange = "count",
     session_options: OrtOptions | Mapping[str, Any] | None = None,
     device: str | None = None,
+    require_signature: bool = False,
     log_dir: str | os.PathLike[str] | None = None,
     log_every: int = LOG_EVERY,
     log_max_bytes: int = LOG_MAX_BYTES,
@@ -544,10 +545,11 @@ def load_policy(
     InputError for NaN/inf) or ``"hold"`` (repeat the last action). ``on_out_of_range``: ``"count"``,
     ``"clip"`` (to the calibration range) or ``"fp32"`` (the bundle's fp32 model answers). ``session_options``:
     ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
-    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``log_dir``: field telemetry, every
-    ``log_every``-th act() recorded in chunks there, the oldest removed past ``log_max_bytes``
-    (runtimes.telemetry; ``policy.close()`` writes the last chunk, as exit does). Errors are
-    ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
+    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``require_signature``: refuse a
+    bundle not signed by a key this machine trusts (a machine with trusted keys requires that anyway).
+    ``log_dir``: field telemetry, every ``log_every``-th act() recorded in chunks there, the oldest removed
+    past ``log_max_bytes`` (runtimes.telemetry; ``policy.close()`` writes the last chunk, as exit does).
+    Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
     if not isinstance(bundle, str | os.PathLike):
         raise InputError(
@@ -564,7 +566,7 @@ def load_policy(
             f"log_every must be an integer >= 1 (got {str(log_every)[:24]!r})", "e.g. log_every=1"
         )
     options = OrtOptions.of(session_options)
-    manifest = load_manifest(bundle, verify=False)
+    manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
     entry, why = choose_model(manifest, model, bundle)
     count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
     here = check_device(manifest, device)

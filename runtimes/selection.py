@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .adapters import MAX_THREADS
-from .errors import InputError
+from .errors import InputError, IntegrityError
 from .manifest import Manifest, ModelEntry
 
 DEVICE_ENV = "QUARL_EDGE_DEVICE"
@@ -32,8 +32,15 @@ def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[M
     if model is not None:
         return manifest.model(model), "argument"
     names = [m.name for m in manifest.models]
-    chosen = (manifest.tune or {}).get("chosen")
-    if isinstance(chosen, str) and chosen in names:
+    tune = manifest.tune or {}
+    if "chosen" in tune:  # a tune choice that names no model here is a damaged bundle, never a fallback
+        chosen = tune["chosen"]
+        if not isinstance(chosen, str) or chosen not in names:
+            raise IntegrityError(
+                f"bundle {str(bundle)!r}: its tune choice {str(chosen)[:80]!r} is not one of its models "
+                f"({', '.join(names)})",
+                "run `quarl-edge tune` again, or load a model by name (model=...)",
+            )
         return manifest.model(chosen), "tune"
     if len(manifest.models) == 1:
         return manifest.models[0], "only model"

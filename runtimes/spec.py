@@ -6,6 +6,7 @@ feed the model without the trainer's code. Everything here is numpy-free and tor
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -17,6 +18,16 @@ FIX = "re-export the policy"
 SCHEMA_VERSION = 1
 
 SpaceKind = Literal["box", "discrete"]
+
+
+def _is_bound(x: Any) -> bool:
+    """A Box bound as stored: a number, or the text of one ("inf", "-inf"); never NaN."""
+    if isinstance(x, bool) or not isinstance(x, int | float | str):
+        return False
+    try:
+        return not math.isnan(float(x))
+    except (ValueError, OverflowError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -56,13 +67,15 @@ class SpaceSpec:
             n = None if d.get("n") is None else schema.integer(d["n"], "space n", FIX, 1, schema.MAX_ELEMENTS)
             if kind == "discrete" and n is None:
                 raise InputError("a discrete space without n (its number of actions)", FIX)
+            size = math.prod(dims)
             for bound in ("low", "high"):
                 v = d.get(bound)
                 items = v if isinstance(v, list) else [v]
-                if v is not None and (len(items) > schema.MAX_ELEMENTS or not all(
-                    isinstance(x, int | float | str) and not isinstance(x, bool) for x in items
-                )):  # fmt: skip
-                    raise InputError(f"space {bound} is not a number or a list of numbers", FIX)
+                if v is not None and (len(items) not in (1, size) or not all(map(_is_bound, items))):
+                    raise InputError(
+                        f"space {bound} is not a number or a list of {size} numbers ('inf'/'-inf' allowed)",
+                        FIX,
+                    )
             return cls(kind=kind, shape=dims, dtype=schema.text(d["dtype"], "space dtype", FIX, 16),
                        low=d.get("low"), high=d.get("high"), n=n)  # fmt: skip
         except schema.MALFORMED as e:

@@ -1,14 +1,21 @@
-"""Shared fixtures: the shipped policies, their calibration data, a CLI runner and a CartPole bundle."""
+"""Shared fixtures: the shipped policies, their calibration data, a CLI runner, a CartPole bundle and the
+SSH tier's real sshd on loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import hashlib
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +242,249 @@ def pendulum_rt_bundle(
     out = tmp_path_factory.mktemp("rt-bundles") / "pendulum-sac"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
     return _export_shipped(out, pendulum_policy, pendulum_calib, targets)
+
+
+# ---- the SSH tier's device: a real OpenSSH sshd on 127.0.0.1 -----------------------------------------
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def keygen(path: Path, comment: str = "quarl-edge-test") -> Path:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True
+    )
+    return path
+
+
+def fingerprint(pub: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children first)."""
+    parent = {int(d): _ppid(int(d)) for d in os.listdir("/proc") if d.isdigit()}
+    out, frontier = [], [root]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class Sshd:
+    dir: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    host_pub: Path
+    client_key: Path
+    user: str
+    stopped: list[int] = field(default_factory=list)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.host_pub)
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_pub.read_text().split(' ')[0]} {self.host_pub.read_text().split()[1]}\n"
+
+    def cut_sessions(self) -> None:
+        """Drop every SSH connection: freeze what runs in the sessions, kill the sessions' sshd processes."""
+        below = descendants(self.proc.pid)
+        for pid in below:
+            if "sshd" not in cmdline(pid):
+                os.kill(pid, signal.SIGSTOP)  # the runner must not finish while the link dies
+                self.stopped.append(pid)
+        for pid in below:
+            if pid not in self.stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def freeze_sessions(self) -> None:
+        """A link that goes silent (no FIN, no RST): stop every process of the sessions, sshd included."""
+        for pid in descendants(self.proc.pid):
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.append(pid)
+
+    def reap_stopped(self) -> None:
+        for pid in self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.stopped.clear()
+
+
+@contextlib.contextmanager
+def start_sshd(d: Path, extra_config: tuple[str, ...] = ()) -> Iterator[Sshd]:
+    """An OpenSSH sshd on a free loopback port, configured in ``d`` (``extra_config``: more lines of
+    sshd_config); stopped by PID at the end, with any session it left."""
+    host_key = keygen(d / "host_ed25519", "test-host")
+    client_key = keygen(d / "client_ed25519")
+    (d / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
+    port = free_port()
+    user = getpass.getuser()
+    (d / "sshd_config").write_text(
+        "\n".join(
+            [
+                f"ListenAddress 127.0.0.1:{port}",
+                f"HostKey {host_key}",
+                f"PidFile {d / 'sshd.pid'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                f"AllowUsers {user}",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "MaxStartups 64",
+                "LogLevel VERBOSE",
+                *extra_config,
+            ]
+        )
+        + "\n"
+    )
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(
+            mode=0o755, exist_ok=True
+        )  # sshd's privilege-separation dir, as its package makes
+    log = (d / "sshd.log").open("wb")
+    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
+    server = Sshd(d, port, proc, Path(f"{host_key}.pub"), client_key, user)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited with {proc.returncode}: {(d / 'sshd.log').read_text()[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail("sshd did not listen within 15 s")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.reap_stopped()
+        leftovers = descendants(proc.pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """The SSH tier's device: this machine through a real sshd (one per test module)."""
+    with start_sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@dataclass
+class Board:
+    """A board of its own over SSH: a real sshd whose sessions start in ``home`` (their HOME too), with
+    a venv at ``home/venv`` whose packages are the test venv's (a path entry: no quarl_edge in it until
+    ``deploy`` installs the runtime wheel). What a command does to the board shows in ``snapshot``."""
+
+    sshd: Sshd
+    home: Path
+
+    @property
+    def python(self) -> Path:
+        return self.home / "venv" / "bin" / "python"
+
+    def device(self, config: Path, known_hosts: Path, name: str = "board", **fields: Any) -> str:
+        """A [name] table in ``config``/devices.toml reaching this board (host key pinned)."""
+        known_hosts.write_text(self.sshd.known_hosts_line())
+        entry: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": self.sshd.port,
+            "user": self.sshd.user,
+            "identity": str(self.sshd.client_key),
+            "known_hosts": str(known_hosts),
+            "python": str(self.python),
+            "connect_timeout": 5,
+            "keepalive_interval": 2,
+            **fields,
+        }
+        config.mkdir(parents=True, exist_ok=True)
+        table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in entry.items() if v is not None)
+        with (config / "devices.toml").open("a") as f:
+            f.write(f'\n["{name}"]\n{table}\n')
+        return name
+
+    def snapshot(self) -> dict[str, str]:
+        """Every entry under the board's home, never following a link: a file by its sha256, a link by
+        its target, a folder as such."""
+        out: dict[str, str] = {}
+        for root, dirs, files in os.walk(self.home):
+            for n in dirs + files:
+                p = Path(root) / n
+                rel = str(p.relative_to(self.home))
+                if p.is_symlink():
+                    out[rel] = "link -> " + os.readlink(p)
+                elif p.is_dir():
+                    out[rel] = "dir"
+                else:
+                    out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        return out
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The entries that appeared, went or changed between two Board.snapshot()s."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
+    d = tmp_path_factory.mktemp("board")
+    home = d / "home"
+    home.mkdir()
+    venv = home / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "authorized_keys").write_text(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB0ard0wner board-owner\n"
+    )
+    (d / "sshd").mkdir()
+    # a login directory of the board's own: sessions start there with HOME pointing at it
+    extra = (f"SetEnv HOME={home}", 'ForceCommand cd "$HOME" && exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"')
+    with start_sshd(d / "sshd", extra) as server:
+        yield Board(server, home)
+
+
+@pytest.fixture
+def on_board(board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The host side of a test against ``board``: HOME and XDG_CONFIG_HOME of the test's own, and a
+    device entry ``board`` (strict host key pinned). Returns the device's name."""
+    monkeypatch.setenv("HOME", str(tmp_path / "host-home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    (tmp_path / "host-home").mkdir()
+    return board.device(tmp_path / "xdg" / "quarl-edge", tmp_path / "known_hosts")

@@ -54,7 +54,9 @@ def _ray_processes_left(tmpdir: str) -> list[str]:
 
 def _check_breakdown(role: dict[str, Any], fields: tuple[str, ...]) -> None:
     assert set(role["seconds"]) == set(fields)
-    assert abs(role["sum_s"] - role["wall_s"]) <= 0.1 * role["wall_s"]
+    # the parts account for the wall time; 0.1 s of slack for a sub-second run on a loaded machine, where
+    # a context switch between two timed parts is a sizeable share (CI saw 0.0723 s over 0.72 s)
+    assert abs(role["sum_s"] - role["wall_s"]) <= 0.1 * role["wall_s"] + 0.1
 
 
 @pytest.mark.slow

@@ -7,24 +7,22 @@ HOME and XDG_CONFIG_HOME point into tmp folders, so ~/.ssh and ~/.config/quarl-e
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import conftest
 import pytest
+from conftest import SSHD, Sshd, fingerprint, free_port, keygen
 
 from quarl_edge.bench.partial import BenchInterrupted, partial_path
 from quarl_edge.bench.run import BenchConfig, bench, local_transport
@@ -34,7 +32,6 @@ from quarl_edge.devices.ssh import HostKeyError, SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import build_runner_zip
 from quarl_edge.runtimes.errors import InputError
 
-SSHD = Path("/usr/sbin/sshd")
 MODELS = ["onnx-fp32", "onnx-fp16", "onnx-int8"]
 DEV = "sshdev"
 pytestmark = [
@@ -43,152 +40,9 @@ pytestmark = [
 ]
 
 
-# ---- the sshd the tests talk to -------------------------------------------------------------------
+# ---- the device the tests talk to (the sshd: tests/conftest.py) -------------------------------------
 
-
-def keygen(path: Path, comment: str = "quarl-edge-test") -> Path:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True
-    )
-    return path
-
-
-def fingerprint(pub: Path) -> str:
-    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout
-    return out.split()[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def descendants(root: int) -> list[int]:
-    """Every live process below ``root`` (children first)."""
-    parent = {int(d): _ppid(int(d)) for d in os.listdir("/proc") if d.isdigit()}
-    out, frontier = [], [root]
-    while frontier:
-        kids = [p for p, pp in parent.items() if pp in frontier]
-        out += kids
-        frontier = kids
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-@dataclass
-class Sshd:
-    dir: Path
-    port: int
-    proc: subprocess.Popen[bytes]
-    host_pub: Path
-    client_key: Path
-    user: str
-    stopped: list[int] = field(default_factory=list)
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint(self.host_pub)
-
-    def known_hosts_line(self) -> str:
-        return f"[127.0.0.1]:{self.port} {self.host_pub.read_text().split(' ')[0]} {self.host_pub.read_text().split()[1]}\n"
-
-    def cut_sessions(self) -> None:
-        """Drop every SSH connection: freeze what runs in the sessions, kill the sessions' sshd processes."""
-        below = descendants(self.proc.pid)
-        for pid in below:
-            if "sshd" not in cmdline(pid):
-                os.kill(pid, signal.SIGSTOP)  # the runner must not finish while the link dies
-                self.stopped.append(pid)
-        for pid in below:
-            if pid not in self.stopped:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-    def freeze_sessions(self) -> None:
-        """A link that goes silent (no FIN, no RST): stop every process of the sessions, sshd included."""
-        for pid in descendants(self.proc.pid):
-            os.kill(pid, signal.SIGSTOP)
-            self.stopped.append(pid)
-
-    def reap_stopped(self) -> None:
-        for pid in self.stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.stopped.clear()
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    d = tmp_path_factory.mktemp("sshd")
-    host_key = keygen(d / "host_ed25519", "test-host")
-    client_key = keygen(d / "client_ed25519")
-    (d / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
-    port = free_port()
-    user = getpass.getuser()
-    (d / "sshd_config").write_text(
-        "\n".join(
-            [
-                f"ListenAddress 127.0.0.1:{port}",
-                f"HostKey {host_key}",
-                f"PidFile {d / 'sshd.pid'}",
-                f"AuthorizedKeysFile {d / 'authorized_keys'}",
-                f"AllowUsers {user}",
-                "UsePAM no",
-                "StrictModes no",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "MaxStartups 64",
-                "LogLevel VERBOSE",
-            ]
-        )
-        + "\n"
-    )
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(
-            mode=0o755, exist_ok=True
-        )  # sshd's privilege-separation dir, as its package makes
-    log = (d / "sshd.log").open("wb")
-    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
-    server = Sshd(d, port, proc, Path(f"{host_key}.pub"), client_key, user)
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"sshd exited with {proc.returncode}: {(d / 'sshd.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if time.monotonic() > deadline:
-                pytest.fail("sshd did not listen within 15 s")
-            time.sleep(0.05)
-        yield server
-    finally:
-        server.reap_stopped()
-        leftovers = descendants(proc.pid)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        log.close()
+sshd = conftest.sshd  # tests/test_fleet_ssh.py takes the SSH tier's fixtures from this module
 
 
 @dataclass
@@ -649,10 +503,7 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     cache = tmp_path / evil / "cache"
     bundle = Path(shutil.copytree(cartpole_bundle, tmp_path / f"bundle $(touch {token}-4);x"))
     trace = Path(shutil.copy(bundle / "trace.npz", tmp_path / f"t;touch {token}-5;'.npz"))
-    model = f"int8 $(touch {token}-6);'"  # a model name is a runner argument on the device
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = model
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    model = "onnx-int8"
     trusted.device(sshd, name="evil", cache_dir=str(cache))
     cfg = BenchConfig(episodes=1, latency_samples=20, warmup=1, models=(model,), trace=trace)
     with SSHTransport(load_profile("evil")) as t:
@@ -664,3 +515,9 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     for where in (tmp_path, remote_home, Path.cwd(), cache.parent):
         assert not list(where.glob(f"{token}*")), f"a shell ran injected commands in {where}"
     assert remote_path("~/.cache/x") == ".cache/x" and remote_path("/abs") == "/abs"
+    # a model name is a runner argument and a file stem on the device: one safe alphabet, checked at load
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = f"int8 $(touch {token}-6);'"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="model name .* is not a safe name"):
+        SSHTransport(load_profile("evil")).describe(bundle)

@@ -2,6 +2,11 @@
 bench reports, partial bench files and SB3 zips are mutated (a value anywhere replaced by another type,
 an absurd number, hostile text, deep nesting, or deleted) and fed to the library call the CLI makes.
 
+Bundle paths (issue 27) are generated instead: any text as a manifest path, paths with a hostile segment
+(``..``, ``.``, empty, backslash, NUL and control characters, unicode confusables of ``..`` such as
+U+2025 and fullwidth U+FF0E), absolute paths, symlinks at any segment, and hostile or cut upload streams
+fed to the board's receiver: each is refused, never accepted.
+
 The contract: the call succeeds or raises a QuarlError (the CLI's exit 2, or 1 for a failed gate) whose
 message is one line; never another exception (the CLI's traceback), and nothing outside the case's own
 folder is written. Cases per artifact: `--fuzz-examples N` (default 200, ~10 s here); the counts print at the end.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import shutil
 import tempfile
 import zipfile
@@ -30,6 +36,7 @@ from quarl_edge.bench.run import BenchConfig, bench, local_transport
 from quarl_edge.gate import GateConfig, evaluate, junit_xml, markdown_summary
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.policy.sb3 import load_sb3_zip
+from quarl_edge.runtimes.bundlepath import rel_path, sha256_of
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
@@ -442,5 +449,147 @@ def test_fuzzed_device_profiles_load_or_fail_in_one_line(
     def run(fields: dict[str, Any]) -> None:
         write(case_dir(), "".join(f"{k} = {_toml(v)}\n" for k, v in fields.items() if k != "host"))
         contract("device profile", lambda: load_profile("fuzzed"))
+
+    run()
+
+
+# ---- bundle paths (issue 27): what a manifest names can never leave the bundle ----------------------
+
+SAFE_SEGMENTS = st.from_regex(r"[a-z0-9_][a-z0-9._-]{0,7}", fullmatch=True).filter(
+    lambda s: s not in (".", "..")
+)
+HOSTILE_SEGMENTS = st.sampled_from(
+    ["..", ".", "", "\\", "a\\..\\b", "\u2025", "\uff0e\uff0e", "\uff0e", "\u2024\u2024", "..\u200b", "\x00",
+     "a\x00b", "\n", "\x1b", "-rf", ".ssh", "é", "\u0430", " ", "a b", "%2e%2e", "~"]
+)  # fmt: skip
+
+
+def refused(artifact: str, call: Callable[[], Any], match: str | None = None) -> None:
+    """The call fails as one QuarlError line (a bundle path case is never accepted)."""
+    COUNTS[artifact] = COUNTS.get(artifact, 0) + 1
+    with pytest.raises(QuarlError, match=match) as e:
+        call()
+    assert e.value.exit_code == 2 and "\n" not in str(e.value) and "\r" not in str(e.value), repr(
+        str(e.value)
+    )
+
+
+@st.composite
+def hostile_paths(draw: Any) -> str:
+    """A relative path of safe segments with one hostile segment somewhere, or made absolute."""
+    segs = draw(st.lists(SAFE_SEGMENTS, min_size=1, max_size=4))
+    if draw(st.integers(0, 5)) == 0:
+        return "/" + "/".join(segs)
+    segs.insert(draw(st.integers(0, len(segs))), draw(HOSTILE_SEGMENTS))
+    return "/".join(segs)
+
+
+def test_any_text_is_a_plain_path_inside_the_bundle_or_refused_in_one_line(
+    request: pytest.FixtureRequest,
+) -> None:
+    @fuzz_settings(request)
+    @given(st.text(alphabet=st.sampled_from("ab./\\-_\x00\u2025\uff0e~é \n"), max_size=24) | hostile_paths())
+    def run(p: str) -> None:
+        COUNTS["bundle path text"] = COUNTS.get("bundle path text", 0) + 1
+        try:
+            rel_path(p, "model file", "re-export the bundle")
+        except QuarlError as e:
+            assert "\n" not in str(e) and e.exit_code == 2
+            return
+        # accepted: ASCII of the safe alphabet, relative, no '.' / '..' / empty segment, stays inside
+        assert p.isascii() and p.isprintable() and "\\" not in p and not p.startswith("/")
+        assert all(s and s not in (".", "..") and s[0] not in ".-" for s in p.split("/"))
+        assert os.path.normpath(os.path.join("/bundle", p)).startswith("/bundle/")
+
+    run()
+
+
+def test_manifests_naming_hostile_paths_are_refused(
+    request: pytest.FixtureRequest, cartpole_bundle: Path, case_dir: Callable[[], Path]
+) -> None:
+    doc = json.loads((cartpole_bundle / "manifest.json").read_text())
+
+    @fuzz_settings(request)
+    @given(hostile_paths(), st.sampled_from(["model", "trace"]))
+    def run(path: str, where: str) -> None:
+        root = case_dir()
+        bundle = Path(shutil.copytree(cartpole_bundle, root / "b"))
+        mutated = copy.deepcopy(doc)
+        if where == "model":
+            mutated["models"][0]["file"] = path
+        else:
+            mutated["trace"]["file"] = path
+        (bundle / "manifest.json").write_text(json.dumps(mutated))
+        before = _snapshot(root)
+        refused(
+            "bundle path", lambda: load_manifest(bundle, verify=False), "not a plain path inside the bundle"
+        )
+        assert _snapshot(root) == before
+
+    run()
+
+
+def test_a_symlink_at_any_segment_of_a_bundle_is_refused(
+    request: pytest.FixtureRequest, cartpole_bundle: Path, case_dir: Callable[[], Path]
+) -> None:
+    """The model file moved to a nested path; a link put at one of its segments (pointing at a real
+    folder or file of the same content, inside the bundle or out) is refused; so is a link the
+    manifest does not name."""
+    doc = json.loads((cartpole_bundle / "manifest.json").read_text())
+
+    @fuzz_settings(request)
+    @given(st.lists(SAFE_SEGMENTS, min_size=1, max_size=3, unique=True), st.data())
+    def run(folders: list[str], data: Any) -> None:
+        root = case_dir()
+        bundle = Path(shutil.copytree(cartpole_bundle, root / "b"))
+        entry = doc["models"][0]
+        rel = "/".join([*folders, "model.onnx"])
+        at = data.draw(st.integers(0, len(folders)), label="link at segment")
+        outside = data.draw(st.booleans(), label="target outside the bundle")
+        real = (root / "elsewhere" if outside else bundle / "real") / rel
+        real.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(bundle / entry["file"], real)
+        link = bundle.joinpath(*rel.split("/")[: at + 1])
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(real.parents[len(folders) - at - 1] if at < len(folders) else real)
+        mutated = copy.deepcopy(doc)
+        mutated["models"][0]["file"] = rel
+        (bundle / "manifest.json").write_text(json.dumps(mutated))
+        refused("bundle symlink", lambda: load_manifest(bundle), "is a symlink or lies under one")
+        # the second line of defence, for a link made after the scan: every segment opened O_NOFOLLOW
+        refused("bundle symlink", lambda: sha256_of(bundle, rel), "is a symlink or lies under one")
+
+    run()
+
+
+def test_the_boards_receiver_refuses_hostile_streams_and_leaves_nothing(
+    request: pytest.FixtureRequest, cartpole_bundle: Path, case_dir: Callable[[], Path]
+) -> None:
+    """runtimes/board.receive (what a board runs after an upload), fed a stream that names a hostile
+    path, or is cut anywhere: refused in one line, nothing written outside the cache, no temp folder."""
+    import io
+
+    from quarl_edge.runtimes.board import receive, stream_bundle
+    from quarl_edge.runtimes.fsutil import sha256_file
+
+    files = [
+        (r, (cartpole_bundle / r).read_bytes()) for r in ("manifest.json", "trace.npz", "policy.int8.onnx")
+    ]
+    sha = sha256_file(cartpole_bundle / "manifest.json")
+
+    @fuzz_settings(request)
+    @given(hostile_paths(), st.integers(0, 2), st.floats(0.0, 1.0), st.booleans())
+    def run(path: str, at: int, cut: float, hostile: bool) -> None:
+        root = case_dir()
+        cache = root / "home" / "cache" / "bundles"
+        sent = list(files)
+        if hostile:
+            sent.insert(at, (path, b"ssh-ed25519 AAAA attacker\n"))
+        stream = stream_bundle(sent)
+        if not hostile:
+            stream = stream[: int(len(stream) * cut * 0.999)]
+        before = _snapshot(root)
+        refused("board stream", lambda: receive(cache / sha, io.BytesIO(stream), sha))
+        assert _snapshot(root) == before and not (cache.exists() and list(cache.iterdir()))
 
     run()

@@ -13,8 +13,10 @@ from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
-from quarl_edge.tune.report import NothingPasses
+from quarl_edge.tune.result import TuneResult
 from quarl_edge.tune.search import TuneConfig, device_formats, run_tune
+from quarl_edge.tune.ship import NothingPasses
+from quarl_edge.tune.verify import read_tune_json
 
 pytestmark = pytest.mark.slow  # a whole search: ~40 s
 
@@ -22,43 +24,60 @@ pytestmark = pytest.mark.slow  # a whole search: ~40 s
 @pytest.fixture(scope="module")
 def tuned(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
-) -> tuple[TuneConfig, dict]:  # type: ignore[type-arg]
+) -> tuple[TuneConfig, TuneResult]:
     cfg = TuneConfig(policy=cartpole_policy, out=tmp_path_factory.mktemp("tune") / "t", calibration=cartpole_calib,
                      episodes=4, confirm_episodes=4, budget_min=5, latency_samples=200)  # fmt: skip
     return cfg, run_tune(cfg)
 
 
-def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(tuned: tuple[TuneConfig, dict]) -> None:  # type: ignore[type-arg]
+def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(
+    tuned: tuple[TuneConfig, TuneResult],
+) -> None:
     cfg, result = tuned
-    choice = result["choice"]
-    fp32 = [r for r in result["candidates"] if r["precision"] == "fp32" and r.get("p50_us")]
-    assert len(fp32) >= 1 and choice["p50_us"] <= min(r["p50_us"] for r in fp32)
+    choice = result.choice
+    assert choice is not None
+    fp32 = [r for r in result.candidates if r.candidate.precision == "fp32" and r.p50_us]
+    assert len(fp32) >= 1 and choice.p50_us <= min(r.p50_us or 0 for r in fp32)
     report = json.loads((cfg.out / "tune.json").read_text())
-    assert report["format"] == "quarl-edge/report" and report["tune"]["choice"]["name"] == choice["name"]
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct)) if choice["name"] != result[
-        "reference"] else []  # fmt: skip
+    assert report["format"] == "quarl-edge/report" and report["tune"]["choice"]["name"] == choice.name
+    assert report["tune"]["schema_version"] == 1 and report["tune"]["format"] == "quarl-edge/tune"
+    checks = (
+        evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct))
+        if choice.name != result.reference
+        else []
+    )
     assert all(c.passed for c in checks)
     assert (cfg.out / "tune.md").read_text().startswith("# quarl-edge tune:") and (
         cfg.out / "tune.png"
     ).is_file()
     # every candidate is listed with a verdict; the ORT int8 models (slower than fp32 here) are not chosen
-    assert all("verdict" in r for r in result["candidates"] if r.get("p50_us"))
-    assert not choice["name"].startswith("onnx-int8")
+    assert all(r.verdict for r in result.candidates if r.p50_us)
+    assert not choice.name.startswith("onnx-int8")
+    # tune.json reads back as the same typed result (what gate checks), minus what is local to this run
+    read = read_tune_json(cfg.out / "tune.json")
+    assert read is not None and read[1].tune_block() == result.tune_block()
 
 
-def test_the_tuned_bundle_holds_the_choice_and_says_why(tuned: tuple[TuneConfig, dict]) -> None:  # type: ignore[type-arg]
+def test_the_tuned_bundle_holds_the_choice_and_says_why(tuned: tuple[TuneConfig, TuneResult]) -> None:
     cfg, result = tuned
+    assert result.choice is not None
     manifest = load_manifest(cfg.out / "bundle")
-    assert manifest.tune is not None and manifest.tune["chosen"] == result["choice"]["name"]
-    assert manifest.tune["device"] == "local" and manifest.tune["threads"] == result["choice"]["threads"]
+    assert manifest.tune is not None and manifest.tune["chosen"] == result.choice.name
+    assert manifest.tune["device"] == "local" and manifest.tune["threads"] == result.choice.threads
+    # the shipped files are the measured ones: every sha256 in the manifest is one tune.json names
+    assert {m.name: m.sha256 for m in manifest.models} == {
+        n: result.row(n).sha256 for n in {result.choice.name, result.reference}
+    }
     runner = PolicyRunner(cfg.out / "bundle", manifest.tune["chosen"], threads=1)
     assert runner.act([0.0, 0.0, 0.0, 0.0]) in (0, 1)
 
 
-def test_a_second_tune_with_the_same_inputs_reuses_every_measurement(tuned: tuple[TuneConfig, dict]) -> None:  # type: ignore[type-arg]
+def test_a_second_tune_with_the_same_inputs_reuses_every_measurement(
+    tuned: tuple[TuneConfig, TuneResult],
+) -> None:
     cfg, first = tuned
     again = run_tune(cfg)
-    assert again["reused_measurements"] > 0 and again["choice"]["name"] == first["choice"]["name"]
+    assert again.reused_measurements > 0 and again.choice == first.choice
 
 
 def test_nothing_passes_is_exit_1_with_the_closest_named(

@@ -42,7 +42,7 @@ def test_all_int8_passing_the_proxy_is_the_only_candidate(policy) -> None:  # ty
         policy, "onnx", 0.9, table_probe({(): 0.95}, calls), lambda: False, lambda _m: None
     )
     assert [c.float_layers for c in found] == [()] and calls == ["onnx-int8-minmax-float[]"]
-    assert ev["result"] == "every layer int8 passes the proxy"
+    assert ev.result == "every layer int8 passes the proxy"
 
 
 def test_the_most_sensitive_layers_go_back_to_float_until_the_proxy_passes(policy) -> None:  # type: ignore[no-untyped-def]
@@ -57,8 +57,8 @@ def test_the_most_sensitive_layers_go_back_to_float_until_the_proxy_passes(polic
     )
     assert len(found) == 1 and set(found[0].float_layers or ()) == {a, c}
     assert found[0].float_layers == tuple(x for x in (a, b, c) if x in (a, c))  # graph order: one name
-    assert list(ev["alone"]) == [c, a, b] and f"{c} (alone 0.600)" in found[0].origin
-    assert [s["float_layers"] for s in ev["steps"]] == [[c], [c, a]]
+    assert [k for k, _ in ev.alone] == [c, a, b] and f"{c} (alone 0.600)" in found[0].origin
+    assert [list(fl) for fl, _ in ev.steps] == [[c], [c, a]]
 
 
 def test_no_split_passing_sends_every_greedy_step_to_the_closed_loop(policy) -> None:  # type: ignore[no-untyped-def]
@@ -68,14 +68,14 @@ def test_no_split_passing_sends_every_greedy_step_to_the_closed_loop(policy) -> 
     found, ev = layer_search(policy, "onnx", 0.95, table_probe(values, []), lambda: False, lambda _m: None)
     # all-int8, then c (most sensitive), then c and b; never all-float (that is fp32)
     assert [set(x.float_layers or ()) for x in found] == [set(), {c}, {b, c}]
-    assert all("judged by reward" in x.origin for x in found) and "no split passes" in ev["result"]
+    assert all("judged by reward" in x.origin for x in found) and "no split passes" in ev.result
 
 
 def test_the_budget_stops_the_greedy_steps(policy) -> None:  # type: ignore[no-untyped-def]
     a, b, c = layers_of(policy)
     values = {(): 0.4, tuple(sorted((b, c))): 0.5, tuple(sorted((a, c))): 0.45, tuple(sorted((a, b))): 0.42}
     found, ev = layer_search(policy, "onnx", 0.95, table_probe(values, []), lambda: True, lambda _m: None)
-    assert [x.float_layers for x in found] == [()] and "budget" in ev["result"]
+    assert [x.float_layers for x in found] == [()] and "budget" in ev.result
 
 
 def test_the_grid_and_kinds(policy) -> None:  # type: ignore[no-untyped-def]

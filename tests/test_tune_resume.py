@@ -62,7 +62,7 @@ def test_an_interrupted_tune_resumes_without_remeasuring(
     cfg = TuneConfig(policy=cartpole_policy, out=out, calibration=cartpole_calib, episodes=4, budget_min=5,
                      max_threads=1)  # fmt: skip
     result = run_tune(cfg)
-    assert result["reused_measurements"] == done and result["choice"] is not None
+    assert result.reused_measurements == done and result.choice is not None
     after = _measurements(state)
     # every measurement finished before Ctrl-C is kept as it was (a re-measured latency would differ)
     for stage, entries in before.items():

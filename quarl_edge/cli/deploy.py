@@ -21,6 +21,10 @@ def deploy(
     model: Annotated[
         str | None, typer.Option("--model", help="default: tune's choice, or the only model")
     ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="the stable name on the board (default: the policy's name)"),
+    ] = None,
     as_json: JsonOpt = False,
     host: HostOpt = None,
     user: UserOpt = None,
@@ -30,14 +34,12 @@ def deploy(
     """Put the runtime (no torch) and the bundle on the board, check it loads and acts there."""
     from quarl_edge.deploy import deploy as run
 
-    d = run(bundle, device, model, overrides(host, user, port, identity), log=info)
+    d = run(bundle, device, model, overrides(host, user, port, identity), log=info, name=name)
     if as_json:
-        print_json(
-            {"device": d.device, "model": d.model, "path": d.path, "python": d.python, "check": d.check}
-        )
+        print_json({"device": d.device, "model": d.model, "path": d.path, "python": d.python,
+                    "check": d.check, "was": d.was, "now": d.now, "usage": d.usage()[0]})  # fmt: skip
         return
-    info(
-        f"deployed {d.model} to {d.device}:{d.path}; runtime {d.check.get('runtime')}; torch not imported there"
-    )
+    info(f"deployed {d.model} to {d.device}:{d.path} ({d.change()}); runtime {d.check.get('runtime')}; "
+         "torch not imported there")  # fmt: skip
     for line in d.usage():
         info(line)

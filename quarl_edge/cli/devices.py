@@ -1,7 +1,9 @@
-"""`quarl-edge devices list|show|check|trust`: device profiles and the SSH link to them."""
+"""`quarl-edge devices list|show|check|trust|trust-key`: device profiles, the SSH link to them, and the
+signing keys a board trusts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -18,10 +20,11 @@ NameArg = DeviceNameArg
 
 
 def register(app: typer.Typer) -> None:
-    """`devices list|show|check|trust`, plus `devices emulate` and `devices setup` (cli/emulate.py)."""
+    """`devices list|show|check|trust|trust-key`, plus `devices emulate` and `devices setup` (cli/emulate.py)."""
     from quarl_edge.cli import emulate
 
-    for name, command in (("list", list_devices), ("show", show), ("check", check), ("trust", trust)):
+    for name, command in (("list", list_devices), ("show", show), ("check", check), ("trust", trust),
+                          ("trust-key", trust_key)):  # fmt: skip
         devices_app.command(name)(handle_errors(command))
     emulate.register(devices_app)
     app.add_typer(devices_app, name="devices")
@@ -135,3 +138,28 @@ def trust(
         return
     info(f"{p.name}: trusted {line.split()[1]} {fingerprint} in {path}")
     info(f"next: quarl-edge devices check {p.cli_ref()}")
+
+
+def trust_key(
+    name: NameArg,
+    public_key: Annotated[Path, typer.Argument(help="KEY.pub of `ssh-keygen -t ed25519 -N '' -f KEY` (never the private key)")],
+    host: HostOpt = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Make a board accept only bundles signed by trusted keys, and trust this one (adds `cryptography` there if needed)."""
+    from quarl_edge.devices.setup import trust_key as run
+
+    t = run(name, public_key, overrides(host, user, port, identity), log=info)
+    if as_json:
+        print_json({"device": t.device, "fingerprint": t.fingerprint, "path": t.path, "trusted": list(t.keys),
+                    "added": t.added, "installed": t.installed})  # fmt: skip
+        return
+    if t.installed:
+        info(f"{t.device}: installed cryptography {t.installed} to check signatures")
+    was = "added" if t.added else "was already there"
+    info(f"{t.device}: {t.fingerprint} {was}; the board now accepts only bundles signed by one of its "
+         f"{len(t.keys)} trusted key(s) ({t.path})")  # fmt: skip
+    info("next: quarl-edge export ... --sign KEY, then quarl-edge deploy --bundle B --device " + t.device)

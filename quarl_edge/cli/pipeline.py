@@ -145,6 +145,7 @@ def export(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key (ssh-keygen -t ed25519 -N '' -f KEY): sign the manifest")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
@@ -157,10 +158,12 @@ def export(
                        float_io_layers=not full_int8)  # fmt: skip
     targets = tuple(resolve_targets(to))
     pol = load_policy(policy, env, algo, vecnormalize)
-    reads = (("policy", policy), ("VecNormalize file", vecnormalize))
+    reads = (("policy", policy), ("VecNormalize file", vecnormalize), ("signing key", sign))
     manifest = export_bundle(
         pol,
-        BundleRequest(out=out, targets=targets, calibration=calibration, config=cfg, reads=reads),
+        BundleRequest(
+            out=out, targets=targets, calibration=calibration, config=cfg, reads=reads, sign_key=sign
+        ),
         log=info,
     )
     if as_json:
@@ -168,6 +171,12 @@ def export(
         return
     rows = [[m.name, m.file, f"{m.size_bytes / 1024:.1f} KiB", m.sha256[:12]] for m in manifest.models]
     table(f"bundle {out}", ["model", "file", "size", "sha256"], rows)
+    if sign is not None:
+        from quarl_edge.runtimes.signing import signed_by
+
+        info(
+            f"signed by {signed_by(out)} (manifest.sig); boards that trust it: quarl-edge devices trust-key DEVICE KEY.pub"
+        )
     info(f"next: quarl-edge bench --bundle {out} --out reports/{out.name}.json")
 
 
@@ -271,6 +280,7 @@ def gate(
     from quarl_edge.bench.fleet_report import is_fleet_report
     from quarl_edge.bench.report import read_report
     from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
+    from quarl_edge.tune.verify import check_tune_json
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
@@ -279,6 +289,7 @@ def gate(
         _gate_fleet(report, cfg, junit, markdown, as_json)
         return
     data = read_report(report)
+    check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]

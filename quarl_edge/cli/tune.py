@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,6 +23,13 @@ from quarl_edge.cli._options import (
     overrides,
 )
 from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, table
+from quarl_edge.tune.config import TuneConfig
+
+
+def _default(name: str) -> str:
+    """The config's default, for the help text (the CLI's own default is "not given")."""
+    value = TuneConfig.__dataclass_fields__[name].default
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def register(app: typer.Typer) -> None:
@@ -32,13 +39,13 @@ def register(app: typer.Typer) -> None:
 def tune(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("folder for tune.json/.md/.png and bundle/ (the chosen model)")],
-    device: Annotated[str, typer.Option("--device", help="device profile name")] = "local",
-    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
+    device: Annotated[str | None, typer.Option("--device", help=f"device profile name (default: {_default('device')})")] = None,
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
-    budget_min: Annotated[float, typer.Option("--budget-min", help="stop with the best so far after M minutes")] = 15.0,
+    budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
-    episodes: Annotated[int, typer.Option("--episodes", help="paired closed-loop episodes per candidate")] = 20,
+    episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired closed-loop episodes per candidate (default {_default('episodes')})")] = None,
     max_threads: Annotated[int | None, typer.Option("--max-threads", help="default: the device's cores")] = None,
     kinds: Annotated[str | None, typer.Option("--kinds", help="candidate families, e.g. int8-layers (default: all)")] = None,
     host: HostOpt = None,
@@ -49,29 +56,35 @@ def tune(
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
     address: AddressOpt = None,
+    sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key: sign the candidates and the shipped bundle (for boards that accept only signed bundles)")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
     from quarl_edge.gate import parse_percent
-    from quarl_edge.tune.report import columns, table_rows
-    from quarl_edge.tune.search import STAGES, TuneConfig, run_tune
 
-    cfg = TuneConfig(policy=policy, out=out, device=device, overrides=overrides(host, user, port, identity),
-                     max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
-                     max_p99_ms=max_p99_ms, budget_min=budget_min, calibration=calibration, episodes=episodes,
-                     max_threads=max_threads, env=env, algo=algo, vecnormalize=vecnormalize,
-                     address=address, kinds=name_list(kinds))  # fmt: skip
+    # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
+    given: dict[str, Any] = {k: v for k, v in {
+        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop),
+        "budget_min": budget_min, "episodes": episodes}.items() if v is not None}  # fmt: skip
+    cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
+                     max_p99_ms=max_p99_ms, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
+                     vecnormalize=vecnormalize, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
+    if sign is not None:  # a bad key is refused before the search, not after it
+        from quarl_edge.runtimes.signing import load_private_key
+
+        load_private_key(sign)
+
+    from quarl_edge.tune.report import columns, table_rows
+    from quarl_edge.tune.search import STAGES, run_tune
+
     with progress_bar("tune", STAGES) as advance:
         result = run_tune(cfg, log=info, stage=advance)
     if as_json:
-        print_json(result)
+        print_json(result.to_dict())
         return
-    emulated = " (emulated)" if result["device"].get("emulated") else ""
-    table(
-        f"tune {result['policy']} on {result['device']['name']}{emulated}",
-        columns(result),
-        table_rows(result),
-    )
-    c = result["choice"]
-    info(f"chosen: {c['name']} at {c['threads']} thread(s), {c['speedup_vs_fp32']:.2f}x fp32's p50; "
-         f"search {result['search_s']} s; next: quarl-edge gate {out / 'tune.json'}")  # fmt: skip
+    emulated = " (emulated)" if result.device.emulated else ""
+    table(f"tune {result.policy} on {result.device.name}{emulated}", columns(result), table_rows(result))
+    c = result.choice
+    if c is not None:
+        info(f"chosen: {c.name} at {c.threads} thread(s), {c.speedup_vs_fp32:.2f}x fp32's p50 (model sha256 "
+             f"{c.sha256[:12]}); search {result.search_s} s; next: quarl-edge gate {out / 'tune.json'}")  # fmt: skip

@@ -5,15 +5,19 @@ device, x thread count. Each is one model of the candidates bundle."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quarl_edge.bundle import Variant
-from quarl_edge.exporters.base import CALIBRATION_METHODS, ExportConfig
+from quarl_edge.runtimes import schema
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.tune.config import KINDS
 
+if TYPE_CHECKING:
+    from quarl_edge.bundle import Variant
+
+FORMATS = ("onnx", "tflite")
 PRECISIONS = ("fp32", "fp16", "int8")
-KINDS = ("fp32", "fp16", "int8-default", "int8-options", "int8-layers")
-"""candidate families (--kinds): int8-default is every calibration method with the exporters' default
-split, int8-options the runtime options, int8-layers the per-layer search's splits"""
+ACTIVATIONS = ("S8S8", "U8S8")
+__all__ = ["KINDS", "Candidate", "grid"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class Candidate:
         return "int8-default" if self.activation == "S8S8" and self.per_channel is None else "int8-options"
 
     def variant(self) -> Variant:
+        # imported here: the exporters pull in torch, and `gate` reads tune.json's candidates without it
+        from quarl_edge.bundle import Variant
+        from quarl_edge.exporters.base import ExportConfig
+
         cfg = ExportConfig(calibration_method=self.method, float_layers=self.float_layers,
                            activation_type=self.activation, per_channel=self.per_channel)  # fmt: skip
         return Variant(self.name, self.target, cfg)
@@ -67,11 +75,29 @@ class Candidate:
                 "origin": self.origin}  # fmt: skip
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+    def from_dict(cls, d: dict[str, Any], where: str = "candidate") -> Candidate:
+        """The candidate a row of tune.json (or tune's cache) describes, each field checked; its stored
+        ``name`` must be the one these settings give (a name that says one model and settings that
+        make another is refused)."""
+        fix = "re-run `quarl-edge tune`"
+        fmt, precision = (
+            schema.text(d["format"], f"{where} format", fix, 16),
+            schema.text(d["precision"], f"{where} precision", fix, 16),
+        )
         layers = d.get("float_layers", "default")
-        return cls(d["format"], d["precision"], d.get("calibration") or "minmax",
-                   None if layers == "default" else tuple(layers), d.get("activation") or "S8S8",
-                   d.get("per_channel"), d.get("origin") or "")  # fmt: skip
+        activation = d.get("activation") or "S8S8"
+        per_channel = d.get("per_channel")
+        if fmt not in FORMATS or precision not in PRECISIONS or activation not in ACTIVATIONS \
+                or not (per_channel is None or isinstance(per_channel, bool)):  # fmt: skip
+            raise InputError(f"{where} has an unknown format, precision, activation or per_channel", fix)
+        c = cls(fmt, precision, schema.text(d.get("calibration") or "minmax", f"{where} calibration", fix, 32),
+                None if layers == "default" else schema.strings(layers, f"{where} float_layers", fix),
+                activation, per_channel, schema.text(d.get("origin") or "", f"{where} origin", fix))  # fmt: skip
+        if d.get("name") is not None and d["name"] != c.name:
+            raise InputError(
+                f"{where} is named {str(d['name'])[:80]!r} but its settings make {c.name!r}", fix
+            )
+        return c
 
 
 def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
@@ -79,6 +105,8 @@ def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
     and the runtime options that change an int8 model's kernels: ONNX uint8 activations (U8S8, what ORT
     prefers on x86 without VNNI) and the other weight granularity (per-channel for an MLP, per-tensor for
     a CNN; TFLite per-tensor). The first is the reference every other is compared with."""
+    from quarl_edge.exporters.base import CALIBRATION_METHODS  # torch: see Candidate.variant
+
     out = []
     for fmt in formats:
         out += [Candidate(fmt, "fp32"), Candidate(fmt, "fp16")]

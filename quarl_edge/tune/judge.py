@@ -1,99 +1,114 @@
 """tune's device stages: latency of every candidate at every thread count (one model at a time on the
 device), then closed-loop paired-seed reward, fastest first, with a close call re-checked on fresh seeds;
-the first that passes is the choice (fp32 passes by definition, so it is never slower than fp32)."""
+the first that passes is the choice (fp32 passes by definition, so it is never slower than fp32).
+
+Rows are frozen (tune/records.py): each stage replaces a candidate's row with one that holds what it
+found. Every measurement is cached under the sha256 of the model file(s) it was made on (tune/cache.py)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quarl_edge.bench.run import BenchConfig, bench
-from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.study._common import ray_session
-
-if TYPE_CHECKING:
-    from quarl_edge.tune.search import Search
+from quarl_edge.tune.context import Search
+from quarl_edge.tune.records import CandidateRow, Choice, Drift, Timing
 
 MAX_PARALLEL = 4  # closed loops side by side on the local device (Ray tasks), at most
+Rows = dict[str, CandidateRow]
 
 
-def reward_task(bundle: str, name: str, reference: str, seed: int, episodes: int) -> dict[str, Any]:
+def bench_models(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A bench report's models by name: the one place tune reads a bench report."""
+    return {m["name"]: m for m in report["models"]}
+
+
+def reward_task(bundle: str, name: str, reference: str, seed: int, episodes: int) -> Drift:
     """One candidate's paired closed loop against the reference on this machine (a Ray task)."""
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1, latency_samples=0, models=(name,))
     return _drift_of(bench(Path(bundle), cfg), name, reference, episodes)
 
 
-def latency(s: Search, bundle: Path, threads: list[int], rows: dict[str, dict[str, Any]], device: dict[str, Any],
-             transport: Any) -> None:  # fmt: skip
+def latency(
+    s: Search, bundle: Path, threads: list[int], rows: Rows, device: dict[str, Any], transport: Any
+) -> None:
+    measured: dict[str, list[tuple[int, Timing | None]]] = {n: [] for n in rows}
     for t in threads:
         if s.over_budget() and t > 1:
             s.notes.append(f"budget reached: latency not measured beyond {t - 1} thread(s)")
             break
-        missing = [n for n in rows if s.state.get("latency", f"{n}@{t}") is None]
+        got = {n: s.state.get("latency", f"{n}@{t}", r.sha256) for n, r in rows.items()}
+        missing = [n for n, v in got.items() if v is None]
         if missing:
             cfg = BenchConfig(episodes=0, threads=t, latency_samples=s.cfg.latency_samples, seed=s.cfg.seed,
                               models=tuple(missing))  # fmt: skip
-            report = bench(bundle, cfg, device=device, transport=transport)
-            for m in report["models"]:
-                if m["name"] not in missing:
+            for name, m in bench_models(bench(bundle, cfg, device=device, transport=transport)).items():
+                if name not in missing:
                     continue  # the bench adds the reference; its measurement stands as first made
-                lat = m.get("latency") or {}
-                s.state.put(
-                    "latency", f"{m['name']}@{t}", {"p50_us": lat.get("p50_us"), "p99_us": lat.get("p99_us")}
-                )
-        for n, row in rows.items():
-            row.setdefault("latency", {})[str(t)] = s.state.get("latency", f"{n}@{t}")
-    for row in rows.values():
-        lat = {t: v for t, v in row["latency"].items() if v and v.get("p50_us")}
-        best = min(lat, key=lambda t: lat[t]["p50_us"]) if lat else None
-        row["threads"] = int(best) if best else None
-        row["p50_us"] = lat[best]["p50_us"] if best else None
-        row["p99_us"] = lat[best]["p99_us"] if best else None
+                lat: dict[str, Any] = m.get("latency") or {}
+                try:
+                    timing = Timing.from_dict(lat, f"{name}'s latency")
+                except InputError as e:
+                    s.log(f"{name} at {t} thread(s): no usable latency from the device ({e.problem})")
+                    continue
+                got[name] = s.state.put("latency", f"{name}@{t}", rows[name].sha256, timing)
+        for n in rows:
+            measured[n].append((t, got[n]))
+    for n, row in rows.items():
+        timed = [(t, v) for t, v in measured[n] if v is not None]
+        best = min(timed, key=lambda tv: tv[1].p50_us) if timed else None
+        rows[n] = replace(row, latency=tuple(measured[n]), threads=best[0] if best else None,
+                          p50_us=best[1].p50_us if best else None, p99_us=best[1].p99_us if best else None)  # fmt: skip
 
 
-def _screened_out(cfg: Any, row: dict[str, Any]) -> str | None:
+def _screened_out(s: Search, row: CandidateRow) -> str | None:
     """Why a candidate is rejected without a closed loop (its p99 or its agreement), or None."""
-    if cfg.max_p99_ms is not None and row["p99_us"] > cfg.max_p99_ms * 1000:
-        return f"p99 {row['p99_us'] / 1000:.3f} ms > {cfg.max_p99_ms:g} ms"
-    if cfg.min_agreement is not None and (row.get("agreement") or 0) < cfg.min_agreement:
-        return f"agreement {row['agreement']:.3f} < {cfg.min_agreement:g} (screen)"
+    cfg = s.cfg
+    if cfg.max_p99_ms is not None and row.p99_us is not None and row.p99_us > cfg.max_p99_ms * 1000:
+        return f"p99 {row.p99_us / 1000:.3f} ms > {cfg.max_p99_ms:g} ms"
+    if cfg.min_agreement is not None and (row.agreement or 0) < cfg.min_agreement:
+        return f"agreement {row.agreement or 0:.3f} < {cfg.min_agreement:g} (screen)"
     return None
 
 
-def closed_loop(s: Search, bundle: Path, rows: dict[str, dict[str, Any]],
-                 device: dict[str, Any], transport: Any) -> dict[str, Any] | None:  # fmt: skip
-    cfg = s.cfg
-    ref = rows[s.reference]
-    ref.update(verdict="pass", why="the fp32 reference", drop_pct=0.0)
-    order = sorted((r for r in rows.values() if r.get("p50_us")), key=lambda r: r["p50_us"])
-    faster = [r["name"] for r in order[: order.index(ref)] if _screened_out(cfg, r) is None]
+def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], transport: Any) -> Choice | None:
+    cfg, ref_name = s.cfg, s.reference
+    rows[ref_name] = replace(rows[ref_name], verdict="pass", why="the fp32 reference", drop_pct=0.0)
+    order = [r.name for r in sorted((r for r in rows.values() if r.p50_us), key=lambda r: r.p50_us or 0.0)]
+    faster = [n for n in order[: order.index(ref_name)] if _screened_out(s, rows[n]) is None]
     with ExitStack() as stack:
         # Ray starts the first time two closed loops can run side by side, and stops with this stage
         ray_once = functools.cache(lambda: stack.enter_context(ray_session(None)))
-        for row in order:
-            name = row["name"]
-            if name == s.reference:
+        for name in order:
+            if name == ref_name:
                 break  # nothing faster passed: the reference is the choice
-            why_not = _screened_out(cfg, row)
+            why_not = _screened_out(s, rows[name])
             if why_not:
-                row.update(verdict="rejected", why=why_not)
+                rows[name] = replace(rows[name], verdict="rejected", why=why_not)
                 continue
             if s.over_budget():
-                row.update(verdict="not judged", why="the time budget ran out")
+                rows[name] = replace(rows[name], verdict="not judged", why="the time budget ran out")
                 s.notes.append("budget reached before every faster candidate was judged in closed loop")
                 break
-            if s.state.get("closed", name) is None:
+            if s.closed(name) is None:
                 _judge(s, bundle, faster[faster.index(name) :], device, transport, ray_once)
-            choice = _verdict(s, bundle, row, rows, ref, device, transport)
+            choice = _verdict(s, bundle, name, rows, device, transport)
             if choice is not None:
                 return choice
-    if cfg.max_p99_ms is not None and ref["p99_us"] and ref["p99_us"] > cfg.max_p99_ms * 1000:
-        ref.update(verdict="rejected", why=f"p99 {ref['p99_us'] / 1000:.3f} ms > {cfg.max_p99_ms:g} ms")
+    ref = rows[ref_name]
+    if cfg.max_p99_ms is not None and ref.p99_us and ref.p99_us > cfg.max_p99_ms * 1000:
+        rows[ref_name] = replace(
+            ref, verdict="rejected", why=f"p99 {ref.p99_us / 1000:.3f} ms > {cfg.max_p99_ms:g} ms"
+        )
         return None
     _slower(rows, ref)
     return _choice(ref, ref)
@@ -105,11 +120,11 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
     too, as Ray tasks side by side (reward does not mind sharing the machine; latency was measured
     before, one model at a time). At most width-1 of them are wasted when queue[0] passes."""
     width = min(os.cpu_count() or 1, MAX_PARALLEL)
-    todo = [n for n in queue if s.state.get("closed", n) is None][:width]
+    todo = [n for n in queue if s.closed(n) is None][:width]
     parallel = (len(todo) > 1 and device.get("transport") == "local" and s.cfg.address is None
                 and importlib.util.find_spec("ray") is not None)  # fmt: skip
     if not parallel:
-        s.state.put(
+        s.put_closed(
             "closed", todo[0], _reward(s, bundle, todo[0], s.cfg.seed, s.cfg.episodes, device, transport)
         )
         return
@@ -120,76 +135,93 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
     task = ray.remote(num_cpus=1)(reward_task)
     refs = [task.remote(str(bundle), n, s.reference, s.cfg.seed, s.cfg.episodes) for n in todo]
     for n, result in zip(todo, ray.get(refs), strict=True):
-        s.state.put("closed", n, result)
+        s.put_closed("closed", n, result)
 
 
-def _verdict(s: Search, bundle: Path, row: dict[str, Any], rows: dict[str, dict[str, Any]], ref: dict[str, Any],
-             device: dict[str, Any], transport: Any) -> dict[str, Any] | None:  # fmt: skip
+def _verdict(
+    s: Search, bundle: Path, name: str, rows: Rows, device: dict[str, Any], transport: Any
+) -> Choice | None:
     """Judge one candidate on its cached closed loop (and a close call's fresh seeds); the choice if it passes."""
-    cfg, name = s.cfg, row["name"]
-    drift = s.state.get("closed", name)
-    row.update(drop_pct=drift["drop_pct"], drop_ci95_pct=drift["drop_ci95_pct"], episodes_judged=cfg.episodes)
-    ok = drift["drop_pct"] <= cfg.max_reward_drop_pct
-    lo, hi = drift["drop_ci95_pct"]
+    cfg, limit = s.cfg, s.cfg.max_reward_drop_pct
+    drift = s.closed(name)
+    if drift is None or drift.drop_pct is None:
+        rows[name] = replace(
+            rows[name], verdict="rejected", why="reward drop undefined (the fp32 mean reward is 0)"
+        )
+        return None
+    row = replace(
+        rows[name], drop_pct=drift.drop_pct, drop_ci95_pct=drift.drop_ci95_pct, episodes_judged=drift.episodes
+    )
+    ok = drift.drop_pct <= limit
+    lo, hi = drift.drop_ci95_pct or (math.nan, math.nan)
     # a close call either way: the paired interval holds the limit, so these episodes cannot tell;
     # fresh seeds decide, on all the episodes together
-    if lo <= cfg.max_reward_drop_pct <= hi and cfg.confirm_episodes > 0 and not s.over_budget():
-        more = s.state.get("confirm", name) or s.state.put("confirm", name, _reward(
+    if lo <= limit <= hi and cfg.confirm_episodes > 0 and not s.over_budget():
+        more = s.closed(name, "confirm") or s.put_closed("confirm", name, _reward(
             s, bundle, name, cfg.seed + cfg.episodes, cfg.confirm_episodes, device, transport))  # fmt: skip
-        n1, n2 = cfg.episodes, cfg.confirm_episodes
-        pooled = _pooled_drop(drift, more, n1, n2)
-        ok = pooled <= cfg.max_reward_drop_pct
-        row.update(confirm_drop_pct=pooled, confirm_episodes=n1 + n2, episodes_judged=n1 + n2)
-    limit = f"{cfg.max_reward_drop_pct:g}%"
-    if ok:
-        shown = row.get("confirm_drop_pct", row["drop_pct"])
-        again = f" over {row.get('confirm_episodes')} episodes (a close call, re-checked on fresh seeds)"
-        row.update(verdict="pass", why=f"reward drop {shown + 0.0:+.2f}% <= {limit}" + (again if "confirm_drop_pct" in row else ""))  # fmt: skip
-        _slower(rows, row)
-        return _choice(row, ref)
-    row.update(
-        verdict="rejected",
-        why=f"reward drop {row.get('confirm_drop_pct', row['drop_pct']):+.2f}% > {limit}",
-    )
+        pooled = _pooled_drop(drift, more)
+        ok = pooled is not None and pooled <= limit
+        n = drift.episodes + more.episodes
+        row = replace(row, confirm_drop_pct=pooled, confirm_episodes=n, episodes_judged=n)
+    drop = row.judged_drop
+    if ok and drop is not None:
+        again = f" over {row.confirm_episodes} episodes (a close call, re-checked on fresh seeds)"
+        why = f"reward drop {drop + 0.0:+.2f}% <= {limit:g}%" + (
+            again if row.confirm_drop_pct is not None else ""
+        )
+        rows[name] = replace(row, verdict="pass", why=why)
+        _slower(rows, rows[name])
+        return _choice(rows[name], rows[s.reference])
+    shown = "undefined" if drop is None else f"{drop:+.2f}%"
+    rows[name] = replace(row, verdict="rejected", why=f"reward drop {shown} > {limit:g}%")
     return None
 
 
-def _pooled_drop(a: dict[str, Any], b: dict[str, Any], n1: int, n2: int) -> float:
-    """The drop over all n1 + n2 episodes, as one bench of them all reports it (from the pooled means;
+def _pooled_drop(a: Drift, b: Drift) -> float | None:
+    """The drop over all the episodes of both, as one bench of them all reports it (from the pooled means;
     the mean of two percentages is not one when the means differ), so `gate tune.json` agrees."""
-    ref = (a["ref_mean"] * n1 + b["ref_mean"] * n2) / (n1 + n2)
-    mean = (a["mean"] * n1 + b["mean"] * n2) / (n1 + n2)
+    n1, n2 = a.episodes, b.episodes
+    ref = (a.ref_mean * n1 + b.ref_mean * n2) / (n1 + n2)
+    mean = (a.mean * n1 + b.mean * n2) / (n1 + n2)
     if ref == 0:
-        return float((a["drop_pct"] * n1 + b["drop_pct"] * n2) / (n1 + n2))
+        return (
+            None
+            if a.drop_pct is None or b.drop_pct is None
+            else (a.drop_pct * n1 + b.drop_pct * n2) / (n1 + n2)
+        )
     return float(100.0 * (ref - mean) / abs(ref))
 
 
-def _slower(rows: dict[str, dict[str, Any]], chosen: dict[str, Any]) -> None:
-    for r in rows.values():
-        if "verdict" not in r and r.get("p50_us") and r["p50_us"] >= chosen["p50_us"]:
-            r.update(verdict="not needed", why=f"slower than {chosen['name']}, which passed")
+def _slower(rows: Rows, chosen: CandidateRow) -> None:
+    for n, r in rows.items():
+        if r.verdict is None and r.p50_us and chosen.p50_us and r.p50_us >= chosen.p50_us:
+            rows[n] = replace(r, verdict="not needed", why=f"slower than {chosen.name}, which passed")
 
 
 def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device: dict[str, Any],
-            transport: Any) -> dict[str, Any]:  # fmt: skip
+            transport: Any) -> Drift:  # fmt: skip
     s.log(f"closed loop: {name} vs {s.reference}, {episodes} paired episodes from seed {seed}")
     report = bench(bundle, BenchConfig(episodes=episodes, seed=seed, threads=1, latency_samples=0, models=(name,)),
                    device=device, transport=transport)  # fmt: skip
     return _drift_of(report, name, s.reference, episodes)
 
 
-def _drift_of(report: dict[str, Any], name: str, reference: str, episodes: int) -> dict[str, Any]:
-    m = next(m for m in report["models"] if m["name"] == name)
-    d = m.get("drift") or {}
-    if d.get("reward_drop_pct") is None:
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _drift_of(report: dict[str, Any], name: str, reference: str, episodes: int) -> Drift:
+    models = bench_models(report)
+    m, d = models[name], models[name].get("drift") or {}
+    if "reward_drop_pct" not in d:
         raise QuarlError(f"no paired episodes for {name}", "run again; the runner reported none")
-    lo, hi = d["rel_ci95"]
-    return {"drop_pct": d["reward_drop_pct"], "drop_ci95_pct": [-100 * hi, -100 * lo], "episodes": episodes,
-            "mean": m["reward"]["mean"], "ref_mean": next(x for x in report["models"] if x["name"] == reference)["reward"]["mean"]}  # fmt: skip
+    lo, hi = (_finite(x) for x in (d.get("rel_ci95") or [None, None]))
+    return Drift(_finite(d["reward_drop_pct"]), None if lo is None or hi is None else (-100 * hi, -100 * lo), episodes,
+                 m["reward"]["mean"], models[reference]["reward"]["mean"])  # fmt: skip
 
 
-def _choice(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
-    speed = ref["p50_us"] / row["p50_us"] if row.get("p50_us") and ref.get("p50_us") else None
-    return {"name": row["name"], "threads": row["threads"], "p50_us": row["p50_us"], "p99_us": row["p99_us"],
-            "speedup_vs_fp32": speed, "drop_pct": row.get("confirm_drop_pct", row.get("drop_pct")),
-            "episodes": row.get("episodes_judged"), "why": row.get("why")}  # fmt: skip
+def _choice(row: CandidateRow, ref: CandidateRow) -> Choice:
+    if row.threads is None or row.p50_us is None or row.p99_us is None or ref.p50_us is None:
+        raise QuarlError(f"{row.name} was chosen without a latency measurement", "run tune again")
+    return Choice(row.name, row.sha256, row.threads, row.p50_us, row.p99_us, ref.p50_us / row.p50_us,
+                  row.judged_drop or 0.0, row.episodes_judged, row.why or "")  # fmt: skip

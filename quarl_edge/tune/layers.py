@@ -14,7 +14,6 @@ import importlib.util
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from quarl_edge.runtimes.manifest import Manifest, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import Trace, load_trace
 from quarl_edge.tune.candidates import Candidate
+from quarl_edge.tune.records import LayerEvidence
 
 Probe = Callable[[Sequence[Candidate]], dict[str, float]]
 """agreement with fp32 for each candidate, by name (cached measurements are not redone)"""
@@ -79,9 +79,14 @@ def default_float_layers(policy: Policy) -> tuple[str, ...]:
 
 
 def layer_search(policy: Policy, fmt: str, proxy: float, probe: Probe, over_budget: Callable[[], bool],
-                 log: Callable[[str], None]) -> tuple[list[Candidate], dict[str, Any]]:  # fmt: skip
+                 log: Callable[[str], None]) -> tuple[list[Candidate], LayerEvidence]:  # fmt: skip
     """The per-layer search's candidates for one format, and its evidence (for the report)."""
     layers = compute_layers(policy)
+    alone: dict[str, float] = {}
+    steps: list[tuple[tuple[str, ...], float]] = []
+
+    def evidence(result: str) -> LayerEvidence:
+        return LayerEvidence(fmt, proxy, all_int8, tuple(alone.items()), tuple(steps[1:]), result)
 
     def split(float_layers: tuple[str, ...], origin: str = "") -> Candidate:
         # graph order, so one split has one name (and matches the default split when it is that)
@@ -90,36 +95,33 @@ def layer_search(policy: Policy, fmt: str, proxy: float, probe: Probe, over_budg
 
     every = split(())
     all_int8 = probe([every])[every.name]
-    evidence: dict[str, Any] = {"format": fmt, "proxy": proxy, "all_int8": all_int8, "alone": {}, "steps": []}
     log(f"{fmt} int8, every layer: agreement {all_int8:.3f} (proxy {proxy:g})")
     if all_int8 >= proxy:
-        evidence["result"] = "every layer int8 passes the proxy"
-        return [split((), f"every layer int8: agreement {all_int8:.3f} >= {proxy:g}")], evidence
+        return [split((), f"every layer int8: agreement {all_int8:.3f} >= {proxy:g}")], evidence(
+            "every layer int8 passes the proxy"
+        )
     only = {lay: split(tuple(x for x in layers if x != lay)) for lay in layers}
     measured = probe(list(only.values()))
-    alone = {lay: measured[c.name] for lay, c in only.items()}
-    ranked = sorted(layers, key=lambda lay: alone[lay])
-    evidence["alone"] = {lay: alone[lay] for lay in ranked}
+    ranked = sorted(layers, key=lambda lay: measured[only[lay].name])
+    alone.update((lay, measured[only[lay].name]) for lay in ranked)
     log("layer sensitivity (agreement with only that layer int8): "
         + ", ".join(f"{lay} {alone[lay]:.3f}" for lay in ranked))  # fmt: skip
-    steps: list[tuple[tuple[str, ...], float]] = [((), all_int8)]
+    steps.append(((), all_int8))
     kept: list[str] = []
+    result = "no split passes the proxy: every greedy step is judged by reward"
     for lay in ranked[:-1]:  # all-float is the fp32 model
         if over_budget():
-            evidence["result"] = "the time budget ran out during the greedy steps"
+            result = "the time budget ran out during the greedy steps"
             break
         kept.append(lay)
         c = split(tuple(kept))
         value = probe([c])[c.name]
         steps.append((tuple(kept), value))
-        evidence["steps"].append({"float_layers": list(kept), "agreement": value})
         if value >= proxy:
             why = (f"all-int8 agreement {all_int8:.3f} < {proxy:g}; most sensitive "
                    + ", ".join(f"{k} (alone {alone[k]:.3f})" for k in kept) + f" kept in float: {value:.3f}")  # fmt: skip
             log(f"{fmt} int8 with {', '.join(kept)} in float: agreement {value:.3f}")
-            evidence["result"] = f"{', '.join(kept)} in float pass the proxy"
-            return [split(tuple(kept), why)], evidence
-    evidence.setdefault("result", "no split passes the proxy: every greedy step is judged by reward")
+            return [split(tuple(kept), why)], evidence(f"{', '.join(kept)} in float pass the proxy")
     log(
         f"{fmt} int8: no split reaches the proxy {proxy:g}; the closed loop judges the {len(steps)} greedy steps"
     )
@@ -128,4 +130,4 @@ def layer_search(policy: Policy, fmt: str, proxy: float, probe: Probe, over_budg
         kept_txt = ", ".join(f"{k} (alone {alone[k]:.3f})" for k in fl) or "no layer"
         out.append(split(fl, f"greedy step {len(fl)}: {kept_txt} in float, agreement {value:.3f} < proxy "
                              f"{proxy:g}; judged by reward"))  # fmt: skip
-    return out, evidence
+    return out, evidence(result)

@@ -1,7 +1,8 @@
 """`quarl-edge tune`: the fastest deployable variant of a policy that keeps its reward, chosen on the device.
 
-Stages, cheapest first, each measurement cached in ``DIR/.cache/state.json`` so an interrupted tune
-resumes and a second tune with the same inputs is nearly free:
+``--out`` is checked before anything is written (tune/outdir.py) and held by one tune at a time. Stages,
+cheapest first, each measurement cached in ``DIR/.cache/state.json`` by content (tune/cache.py) so an
+interrupted tune resumes and a second tune with the same inputs is nearly free:
 
 1. per-layer fallback (host, tune/layers.py): from every layer int8, the most sensitive layers go back
    to float, greedily, until the agreement proxy passes; when none does, every greedy step is judged
@@ -14,118 +15,45 @@ resumes and a second tune with the same inputs is nearly free:
    re-checked on fresh seeds; the first that passes the gate is the choice (fp32 passes by definition,
    so the choice is never slower than the fastest fp32 measured).
 
-A time budget stops the search with the best so far.
+The shipped bundle is the measured files, copied (tune/ship.py). A time budget stops the search with the
+best so far.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from quarl_edge.bench.device import transport_for
-from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.devices.check import check_device
 from quarl_edge.devices.preflight import check_env
 from quarl_edge.devices.profiles import load_profile
 from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import Policy
-from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.fsutil import atomic_write_json, sha256_file
+from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import load_trace, save_trace
-from quarl_edge.tune.candidates import KINDS, Candidate, grid
+from quarl_edge.tune.cache import STATE_VERSION, State, device_sha256, digest, policy_sha256, tool_versions
+from quarl_edge.tune.candidates import Candidate, grid
+from quarl_edge.tune.config import KINDS, TuneConfig
+from quarl_edge.tune.context import Search
 from quarl_edge.tune.judge import closed_loop, latency
-from quarl_edge.tune.layers import default_float_layers, fan_out, layer_search, model_agreement
-from quarl_edge.tune.report import write_outputs
+from quarl_edge.tune.layers import default_float_layers, layer_search
+from quarl_edge.tune.outdir import check_out, locked
+from quarl_edge.tune.records import CandidateRow, Inputs, LayerEvidence, TuneDevice, TuneSettings
+from quarl_edge.tune.result import TuneResult
+from quarl_edge.tune.ship import write_outputs
+
+__all__ = ["STAGES", "TuneConfig", "device_formats", "run_tune"]
 
 Log = Callable[[str], None]
 Stage = Callable[[str], None]
 STAGES = 7  # the stage() calls of run_tune, for a progress bar
-STATE_VERSION = 2  # the candidates grew runtime options and greedy steps: older caches are not reused
 TFLITE_RUNTIMES = ("ai_edge_litert", "tflite_runtime", "tensorflow")
-MIN_BUDGET_S = 20.0  # below this not even the fp32 latency and one closed-loop batch fit
-
-
-@dataclass(frozen=True)
-class TuneConfig:
-    policy: Path
-    out: Path
-    device: str = "local"
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """device profile overrides (host, user, port, identity)"""
-    max_reward_drop_pct: float = 2.0
-    min_agreement: float | None = None
-    """also the per-layer search's proxy when set; else 0.95 (discrete) / 0.98 (continuous)"""
-    max_p99_ms: float | None = None
-    budget_min: float = 15.0
-    calibration: Path | None = None
-    episodes: int = 20
-    """paired closed-loop episodes per candidate"""
-    confirm_episodes: int = 40
-    """fresh paired episodes that re-check a close call"""
-    seed: int = 1000
-    latency_samples: int = 500
-    max_threads: int | None = None
-    env: str | None = None
-    algo: str | None = None
-    vecnormalize: Path | None = None
-    kinds: tuple[str, ...] | None = None
-    """candidate families to search (KINDS); None: all. The fp32 reference is always measured"""
-    address: str | None = None
-    """Ray cluster for the host-side probes; None: local Ray (when installed), else in process"""
-
-    def __post_init__(self) -> None:
-        if not self.budget_min * 60 >= MIN_BUDGET_S:
-            raise InputError(f"--budget-min {self.budget_min:g} is too small to measure anything",
-                             f"give at least {MIN_BUDGET_S / 60:.1f} minutes, e.g. --budget-min 10")  # fmt: skip
-        if not 0 <= self.max_reward_drop_pct < float("inf"):
-            raise InputError(
-                "--max-reward-drop must be a finite percentage >= 0", "e.g. --max-reward-drop 2%"
-            )
-        if self.episodes < 2 or self.confirm_episodes < 0:
-            raise InputError(
-                "--episodes must be at least 2 (a paired interval needs two)", "e.g. --episodes 20"
-            )
-        unknown = [k for k in self.kinds or () if k not in KINDS]
-        if unknown:
-            raise InputError(f"unknown candidate kind {unknown[0]!r}", f"--kinds takes: {', '.join(KINDS)}")
-        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
-            raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
-
-
-class State:
-    """Every measurement of one tune, keyed by what it depends on; saved after each one."""
-
-    def __init__(self, path: Path, key: str) -> None:
-        self.path, self.key = path, key
-        data: dict[str, Any] = {}
-        try:
-            loaded = json.loads(path.read_text())
-            if isinstance(loaded, dict) and loaded.get("key") == key:
-                data = loaded
-        except (OSError, ValueError):
-            pass
-        self.data: dict[str, dict[str, Any]] = {k: dict(data.get(k) or {}) for k in ("layers", "screen", "latency",
-                                                                                  "closed", "confirm")}  # fmt: skip
-        self.reused = sum(len(v) for v in self.data.values())
-
-    def get(self, stage: str, name: str) -> Any:
-        return self.data[stage].get(name)
-
-    def put(self, stage: str, name: str, value: Any) -> Any:
-        self.data[stage][name] = value
-        atomic_write_json(self.path, {"format": "quarl-edge/tune-state", "key": self.key, **self.data})
-        return value
-
-
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def device_formats(facts: dict[str, Any], device: str) -> tuple[str, ...]:
@@ -144,55 +72,7 @@ def _host_can_export_tflite() -> bool:
     return importlib.util.find_spec("litert_torch") is not None
 
 
-@dataclass
-class Search:
-    cfg: TuneConfig
-    log: Log
-    policy: Policy
-    trace_path: Path
-    state: State
-    work: Path
-    deadline: float
-    reference: str = "onnx-fp32"
-    ref_actions: Any = None
-    notes: list[str] = field(default_factory=list)
-    trace: Any = None
-    manifests: dict[Path, Any] = field(default_factory=dict)
-
-    def over_budget(self) -> bool:
-        return time.monotonic() > self.deadline
-
-    def agreement(self, bundle: Path, model: str) -> float:
-        # the trace and each bundle's manifest (its hash check covers every model) are read once
-        if self.trace is None:
-            self.trace = load_trace(self.trace_path)
-        if bundle not in self.manifests:
-            self.manifests[bundle] = load_manifest(bundle)
-        return model_agreement(bundle, model, self.manifests[bundle], self.trace, self.ref_actions)
-
-    def proxy(self) -> float:
-        if self.cfg.min_agreement is not None:
-            return self.cfg.min_agreement
-        return 0.95 if self.policy.spec.action_space.is_discrete else 0.98
-
-    def probe(self, cands: Sequence[Candidate]) -> dict[str, float]:
-        """Agreement of each candidate exported alone (cached; the uncached fan out)."""
-        todo = [c for c in cands if self.state.get("layers", c.name) is None]
-        if todo:
-            run = fan_out(self.policy, self.trace_path, self.ref_actions, self.cfg.address)
-            for c, value in zip(todo, run([c.variant() for c in todo]), strict=True):
-                self.state.put("layers", c.name, value)
-        return {c.name: float(self.state.get("layers", c.name)) for c in cands}
-
-    def export(self, name: str, variants: tuple[Variant, ...], targets: tuple[str, ...] = ()) -> Path:
-        out = self.work / f"{name}-{_key([v.name for v in variants], targets)}"
-        if not (out / "manifest.json").is_file():
-            export_bundle(self.policy, BundleRequest(out=out, targets=targets, variants=variants,
-                                                     calibration=self.trace_path))  # fmt: skip
-        return out
-
-
-def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], list[dict[str, Any]]]:
+def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], list[LayerEvidence]]:
     """The grid plus each format's per-layer search; a search split equal to the default split is the
     default candidate already."""
     kinds = s.cfg.kinds or KINDS
@@ -213,86 +93,96 @@ def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], l
     return cands, evidence
 
 
-def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda _m: None) -> dict[str, Any]:
-    """The whole search; returns the result (tune.json's content, see tune/report.py for the files).
+def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda _m: None) -> TuneResult:
+    """The whole search; returns the result (tune.json's ``tune`` block; tune/ship.py writes the files).
     ``stage`` hears each stage's start (the CLI's progress bar)."""
     t0 = time.monotonic()
+    check_out(cfg)  # before anything is written
     profile = load_profile(cfg.device, cfg.overrides)
     policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize)
-    stage("check the device")
-    facts = check_device(profile).facts
-    if profile.transport != "local":  # the closed loop runs there: its env packages, before any work
-        check_env(policy.spec.env, facts, profile.name)
-    formats = device_formats(facts, profile.name)
-    if "tflite" in formats and not _host_can_export_tflite():
-        formats = tuple(f for f in formats if f != "tflite")
-    cores = int(facts.get("cores") or 1)
-    threads = list(range(1, min(cores, cfg.max_threads or cores) + 1))
-    work = cfg.out / ".cache"
-    work.mkdir(parents=True, exist_ok=True)
-    trace_path = _calibration(cfg, policy, work, log)
-    key = _key(sha256_file(trace_path), policy.spec.to_dict(), profile.name, cfg.seed, cfg.episodes,
-               cfg.latency_samples, cfg.min_agreement, threads, formats, STATE_VERSION)  # fmt: skip
-    state = State(work / "state.json", key)
-    if state.reused:
-        log(f"resuming: {state.reused} measurements of an earlier run with the same inputs are reused")
-    s = Search(
-        cfg, log, policy, trace_path, state, work, t0 + cfg.budget_min * 60, reference=f"{formats[0]}-fp32"
-    )
-    ref_bundle = s.export("reference", (), (s.reference,))
-    s.trace = load_trace(trace_path)
-    s.ref_actions = PolicyRunner(ref_bundle, s.reference, threads=1).replay(s.trace).actions
-    stage("per-layer search (host)")
-    cands, layer_evidence = _candidates(s, formats)
-    stage("export the candidates")
-    bundle = s.export("candidates", tuple(c.variant() for c in cands[1:]), (s.reference,))
-    rows = {c.name: {**c.to_dict()} for c in cands}
-    rows[s.reference]["agreement"] = 1.0
-    stage("agreement screen (host)")
-    for c in cands[1:]:
-        rows[c.name]["agreement"] = s.state.get("screen", c.name) or s.state.put("screen", c.name,
-                                                                                 s.agreement(bundle, c.name))  # fmt: skip
-    log(f"{len(cands)} candidates screened on the host; latency on {profile.name} at {threads} thread(s)")
-    transport = transport_for(profile)
-    device = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
-    try:
-        stage(f"latency on {profile.name}")
-        latency(s, bundle, threads, rows, device, transport)
-        stage(f"closed loop on {profile.name}")
-        choice = closed_loop(s, bundle, rows, device, transport)
-        result = _result(s, cfg, policy, profile, facts, cores, threads, rows, choice, bundle, trace_path, t0)
-        result["layer_search"] = layer_evidence
-        log(f"chosen: {choice['name'] if choice else 'none'}; benching it against fp32 for tune.json")
-        stage("bench the choice, write the outputs")
-        result["files"] = [str(f) for f in write_outputs(result, cfg, policy, device, transport)]
-    finally:
-        close = getattr(transport, "close", None)
-        if close is not None:
-            close()
-    return result
+    policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy)
+    with locked(cfg.out) as work:
+        stage("check the device")
+        facts = check_device(profile).facts
+        if profile.transport != "local":  # the closed loop runs there: its env packages, before any work
+            check_env(policy.spec.env, facts, profile.name)
+        formats = device_formats(facts, profile.name)
+        if "tflite" in formats and not _host_can_export_tflite():
+            formats = tuple(f for f in formats if f != "tflite")
+        cores = int(facts.get("cores") or 1)
+        threads = list(range(1, min(cores, cfg.max_threads or cores) + 1))
+        trace_path = _calibration(cfg, policy, policy_sha, work, log)
+        inputs = Inputs(policy_sha, sha256_file(trace_path), device_sha256(profile, facts), tool_versions())
+        labels = {"the policy": inputs.policy_sha256, "the calibration": inputs.calibration_sha256,
+                  "the device": inputs.device_sha256, "the tool versions": digest(inputs.tools)}  # fmt: skip
+        key = digest(labels, cfg.seed, cfg.episodes, cfg.confirm_episodes, cfg.latency_samples, cfg.min_agreement,
+                     threads, formats, STATE_VERSION)  # fmt: skip
+        state = State(work / "state.json", key, labels, log)
+        if state.cached:
+            log(
+                f"resuming: {state.cached} measurements of an earlier run with the same inputs are checked for reuse"
+            )
+        s = Search(cfg, log, policy, trace_path, state, work, t0 + cfg.budget_min * 60, inputs,
+                   reference=f"{formats[0]}-fp32")  # fmt: skip
+        ref_bundle = s.export("reference", (), (s.reference,))
+        s.ref_actions = PolicyRunner(ref_bundle, s.reference, threads=1).replay(s.load_trace()).actions
+        stage("per-layer search (host)")
+        cands, layer_evidence = _candidates(s, formats)
+        stage("export the candidates")
+        bundle = s.export("candidates", tuple(c.variant() for c in cands[1:]), (s.reference,))
+        s.sha = {m.name: m.sha256 for m in load_manifest(bundle).models}
+        rows = {c.name: CandidateRow(c, s.sha[c.name]) for c in cands}
+        stage("agreement screen (host)")
+        for name, row in rows.items():
+            agree = 1.0 if name == s.reference else s.state.get("screen", name, row.sha256)
+            if agree is None:
+                agree = s.state.put("screen", name, row.sha256, s.agreement(bundle, name))
+            rows[name] = CandidateRow(row.candidate, row.sha256, agree)
+        log(f"{len(cands)} candidates screened on the host; latency on {profile.name} at {threads} thread(s)")
+        transport = transport_for(profile)
+        device = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
+        try:
+            stage(f"latency on {profile.name}")
+            latency(s, bundle, threads, rows, device, transport)
+            stage(f"closed loop on {profile.name}")
+            choice = closed_loop(s, bundle, rows, device, transport)
+            result = TuneResult(
+                policy.spec.name, policy.spec.env.id, str(trace_path), inputs,
+                TuneDevice(profile.name, profile.transport, bool(profile.emulated), cores,
+                           facts.get("cpu_model"), facts.get("machine")),
+                s.reference, tuple(rows.values()), choice,
+                TuneSettings(cfg.max_reward_drop_pct, cfg.min_agreement, cfg.max_p99_ms, cfg.episodes, cfg.seed,
+                             cfg.confirm_episodes, cfg.budget_min, tuple(threads), s.proxy()),
+                tuple(s.notes), round(time.monotonic() - t0, 1), state.reused, tuple(layer_evidence), str(bundle),
+            )  # fmt: skip
+            log(
+                f"chosen: {choice.name if choice else 'none'}; shipping the measured files and benching them against fp32"
+            )
+            stage("bench the choice, write the outputs")
+            return write_outputs(result, cfg, device, transport)
+        finally:
+            close = getattr(transport, "close", None)
+            if close is not None:
+                close()
 
 
-def _result(s: Search, cfg: TuneConfig, policy: Policy, profile: Any, facts: dict[str, Any], cores: int,
-            threads: list[int], rows: dict[str, dict[str, Any]], choice: dict[str, Any] | None, bundle: Path,
-            trace_path: Path, t0: float) -> dict[str, Any]:  # fmt: skip
-    device = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
-    return {"format": "quarl-edge/tune", "policy": policy.spec.name, "env": policy.spec.env.id,
-            "calibration": str(trace_path), "device": {**device, "cores": cores, "cpu_model": facts.get("cpu_model"), "machine": facts.get("machine")},
-            "reference": s.reference, "candidates": list(rows.values()), "choice": choice, "bundle": str(bundle),
-            "settings": {"max_reward_drop_pct": cfg.max_reward_drop_pct, "min_agreement": cfg.min_agreement,
-                         "max_p99_ms": cfg.max_p99_ms, "episodes": cfg.episodes, "seed": cfg.seed,
-                         "confirm_episodes": cfg.confirm_episodes, "budget_min": cfg.budget_min, "threads": threads,
-                         "proxy_agreement": s.proxy()},
-            "notes": s.notes, "search_s": round(time.monotonic() - t0, 1), "reused_measurements": s.state.reused}  # fmt: skip
-
-
-def _calibration(cfg: TuneConfig, policy: Policy, work: Path, log: Log) -> Path:
+def _calibration(cfg: TuneConfig, policy: Policy, policy_sha: str, work: Path, log: Log) -> Path:
+    """--calibration, else rollouts of this policy recorded once into the cache (named by the policy's
+    content: another policy at the same path records its own)."""
     if cfg.calibration is not None:
         return cfg.calibration
-    path = work / "calibration.npz"
-    if not path.is_file():
-        from quarl_edge.record import RecordConfig, record
+    path = work / f"calibration-{policy_sha[:16]}.npz"
+    if path.is_file():
+        try:
+            load_trace(path)
+            return path
+        except QuarlError as e:
+            log(f"tune's recorded calibration {path.name} is damaged ({e.problem[:120]}): recording it again")
+    for old in work.glob("calibration*.npz"):  # recorded for another policy (or by an older tune)
+        if old != path and not old.is_symlink():
+            old.unlink()
+    from quarl_edge.record import RecordConfig, record
 
-        log("no --calibration given: recording 10 episodes for calibration and the agreement screen")
-        save_trace(record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=2000)), path)
+    log("no --calibration given: recording 10 episodes for calibration and the agreement screen")
+    save_trace(record(policy, RecordConfig(episodes=10, epsilon=0.1, seed=0, max_samples=2000)), path)
     return path
