@@ -50,6 +50,10 @@ DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 _TMP_RE = re.compile(r"\.(.+\.npz)\.\d+\.[a-z0-9_]{8}\.tmp")
 
 
+def _ignore(*_args: Any) -> None:
+    return None
+
+
 class FieldLogWarning(UserWarning):
     """Field logging stopped (e.g. the disk is full); the policy goes on acting."""
 
@@ -252,6 +256,7 @@ class FieldLogger:
             if self._closed:
                 return
             self._closed = True
+        self.record = self.rehearse = _ignore  # type: ignore[method-assign]  # acting on, unlogged
         if self.failed is None:
             self._close_chunk()
         else:

@@ -46,6 +46,8 @@ def test_every_act_is_recorded_with_its_action_time_and_flags(pendulum_bundle: P
         actions = [policy.act(o) for o in obs]
         stats = policy.log_stats
     assert stats is not None and stats.records == len(obs) and stats.failed is None
+    policy.act(obs[1])  # after close(): it acts on, unlogged
+    assert policy.log_stats == stats
     log = load_field_log(tmp_path / "log")
     manifest_sha = policy.info.manifest_sha256
     assert (log.header.manifest_sha256, log.header.model, log.header.model_sha256) == (
