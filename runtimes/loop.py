@@ -335,7 +335,10 @@ class EnvDriver:
         self.obs = self._reset()
 
     def _reset(self) -> Any:
-        obs, _ = self.env.reset(seed=self.seeds[self._episode])
+        seed = self.seeds[self._episode]
+        obs, _ = self.env.reset(seed=seed)
+        if seed is not None:  # as the bench's episodes do: the same env randomness on the same seed
+            self.env.action_space.seed(seed)
         self.policy.reset()
         return obs
 
@@ -439,6 +442,68 @@ class _Pacer:
         return 0, 0
 
 
+class Pace:
+    """The loop runner's pacing for a loop another function drives (the bench's seeded episodes):
+
+        with Pace(policy, cfg) as pace:
+            for each step:
+                pace.wait(last_obs)        # the warm-up, the sleep, the spin: returns at the step's deadline
+                ... read, act (timed: act_ns), write ...
+                pace.done(act_ns)          # the step's end: overrun? the next deadline
+        result = pace.result()
+
+    The OS settings of ``cfg.realtime`` hold between ``__enter__`` and ``__exit__`` (undone on any exit)."""
+
+    def __init__(self, policy: Policy, cfg: LoopConfig) -> None:
+        if not isinstance(cfg, LoopConfig):
+            raise InputError("cfg must be a LoopConfig", "e.g. LoopConfig(hz=50, steps=1000)")
+        self.cfg = cfg
+        self._pacer = _Pacer(policy, cfg)
+        self._session = RealtimeSession(cfg.realtime)
+        self._rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup", "calls")}
+        self.settings: tuple[OsSetting, ...] = ()
+        self.overruns = self.skipped = self.steps = 0
+        self._first: int | None = None
+        self._deadline = self._start = self._warm = self._calls = 0
+
+    def __enter__(self) -> Pace:
+        self.settings = self._session.apply()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._session.restore()
+
+    def wait(self, obs: Any) -> None:
+        """Return at the next step's deadline (never before it), after the warm-up on ``obs`` (the last
+        observation acted on; None: no warm-up)."""
+        clock = time.monotonic_ns
+        if self._first is None:
+            self._pacer.calibrate(obs)
+            self._first = self._deadline = clock() + self._pacer.period
+        self._warm, self._calls = self._pacer.wait(self._deadline, obs)
+        self._start = clock()
+
+    def done(self, act_ns: int) -> None:
+        """The step's work ended now (``act_ns``: its act() alone): record it, set the next deadline."""
+        end = time.monotonic_ns()
+        first, deadline, period, rec = self._first or 0, self._deadline, self._pacer.period, self._rec
+        for key, value in (("deadline", deadline - first), ("start", self._start - first), ("act", act_ns),
+                           ("work", end - self._start), ("warmup", self._warm), ("calls", self._calls)):  # fmt: skip
+            rec[key].append(value)
+        self.steps += 1
+        deadline += period
+        if end > deadline:  # overrun: the first deadline still ahead, never a burst of late steps
+            missed = (end - deadline) // period + 1
+            self.overruns += 1
+            self.skipped += missed
+            deadline += missed * period
+        self._deadline = deadline
+
+    def result(self, returns: Sequence[float] = (), lengths: Sequence[int] = ()) -> LoopResult:
+        return _result(self.cfg, self._pacer, self.settings, self._rec, self.overruns, self.skipped,
+                       tuple(returns), tuple(lengths))  # fmt: skip
+
+
 def run_loop(
     policy: Policy,
     cfg: LoopConfig,
@@ -466,46 +531,26 @@ def run_loop(
     if driver is not None:
         read_obs, write_action = driver.read_obs, driver.write_action
     assert read_obs is not None and write_action is not None  # checked above
-    pacer = _Pacer(policy, cfg)
-    session = RealtimeSession(cfg.realtime)
-    rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup", "calls")}
-    last = driver.obs if driver is not None else None
-    overruns = skipped = 0
-    clock, act, period = time.monotonic_ns, policy.act, pacer.period
+    clock, act = time.monotonic_ns, policy.act
     limit = cfg.steps if cfg.steps is not None else 2**62
-    settings: tuple[OsSetting, ...] = ()
-    try:
-        settings = session.apply()
-        pacer.calibrate(last)
-        first = deadline = clock() + period
-        steps = 0
-        while steps < limit and not (driver is not None and driver.done):
-            warm, calls = pacer.wait(deadline, last)
-            start = clock()
+    last = driver.obs if driver is not None else None
+    with Pace(policy, cfg) as pace:
+        while pace.steps < limit and not (driver is not None and driver.done):
+            pace.wait(last)
             obs = read_obs()
             t0 = clock()
             action = act(obs)
             t1 = clock()
             write_action(action)
-            end = clock()
+            pace.done(t1 - t0)
             last = obs
-            for key, value in (("deadline", deadline - first), ("start", start - first), ("act", t1 - t0),
-                               ("work", end - start), ("warmup", warm), ("calls", calls)):  # fmt: skip
-                rec[key].append(value)
-            steps += 1
-            deadline += period
-            if end > deadline:  # overrun: the first deadline still ahead, never a burst of late steps
-                missed = (end - deadline) // period + 1
-                overruns += 1
-                skipped += missed
-                deadline += missed * period
-    finally:
-        session.restore()
-    return _result(cfg, pacer, settings, rec, overruns, skipped, driver)
+    if driver is None:
+        return pace.result()
+    return pace.result(driver.returns, driver.lengths)
 
 
 def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec: dict[str, array],
-            overruns: int, skipped: int, driver: EnvDriver | None) -> LoopResult:  # fmt: skip
+            overruns: int, skipped: int, returns: tuple[float, ...], lengths: tuple[int, ...]) -> LoopResult:  # fmt: skip
     a = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in rec.items()}
     trace = LoopTrace(a["deadline"], a["start"], a["act"], a["work"], a["warmup"], a["calls"])
     gaps = np.diff(trace.deadline_ns)
@@ -531,7 +576,7 @@ def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec
         lead_us=pacer.lead / 1e3 if cfg.warmup else 0.0,
         spin_us=pacer.spin / 1e3,
         settings=settings,
-        returns=tuple(driver.returns) if driver is not None else (),
-        lengths=tuple(driver.lengths) if driver is not None else (),
+        returns=returns,
+        lengths=lengths,
         trace=trace,
     )
