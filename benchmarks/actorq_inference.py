@@ -56,7 +56,7 @@ def main() -> None:
         }
         tp = inference_throughput({k: m.model for k, m in payloads.items()}, obs, a.calls, a.rounds,
                                   runtimes={k: m.runtime for k, m in payloads.items()})  # fmt: skip
-        calls = tp["calls_per_s"]
+        calls = dict(tp.calls_per_s)
         best_fp32 = max(calls[f"{r}/fp32"] for r in runtimes)
         results[name] = {
             "calls_per_s": calls,

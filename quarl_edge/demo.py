@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quarl_edge.bench.report import COLUMNS, rows, write_report
+from quarl_edge.bench.fleet_result import FleetReport
+from quarl_edge.bench.render import columns, rows
+from quarl_edge.bench.report import write_report
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.cli._output import info, table
@@ -39,15 +41,16 @@ def run_demo(out: Path, episodes: int = 20) -> int:
     )
     info(f"{episodes} paired episodes per model, 1 thread", label="2/4 bench")
     report = bench(bundle, BenchConfig(episodes=episodes))
-    report_path, md = write_report(report, out / "report.json")
+    fleet = FleetReport.of_one(report)  # one device: gate and the writer read it as a fleet of one
+    report_path, md = write_report(fleet, out / "report.json")
     table(
         f"{policy.spec.name}: {policy.spec.algo.upper()} on {policy.spec.env.id}, local, 1 thread",
-        COLUMNS,
+        columns(report),
         rows(report),
     )
     info("--max-reward-drop 2%", label="3/4 gate")
-    checks = evaluate(report, GateConfig(max_reward_drop_pct=2.0))
-    write_outputs(report, checks, out / "junit.xml", out / "gate.md")
+    checks = evaluate(fleet, GateConfig(max_reward_drop_pct=2.0))
+    write_outputs(fleet, checks, out / "junit.xml", out / "gate.md")
     failed = [c for c in checks if not c.passed]
     for c in checks:
         info(c.message, label="pass" if c.passed else "FAIL", style="green" if c.passed else "bold red")

@@ -1,12 +1,15 @@
 """The CI gate: thresholds on reward drop, action agreement, p99 latency and deadline misses.
 
 Exit codes: 0 every quantized model passes, 1 one fails (named, with the margin), 2 unusable input:
-a report with nothing to check (only the fp32 reference), a model without a name or with a name
-used twice, a reference that is not fp32, a threshold that is not a finite number.
+a report with nothing to check (only the fp32 reference), a number outside its meaning (an agreement
+outside [0, 1], a negative or non-finite latency or size, a non-finite drift: refused when the report is
+read, bench.report.read_report), a model without a name or with a name used twice, a reference that is
+not fp32, a fleet report that is incomplete or lacks a device, a threshold that is not a finite number
+in its range.
 
-A fleet report (`bench --device a,b`) is gated device by device (evaluate_fleet): each device's section
-as one report, a device whose bench did not finish as a failure; the table, the JUnit file (a testsuite
-per device) and the Markdown name the device of every check.
+One device is a fleet of one: a fleet report (`bench --device a,b`) is gated device by device, and the
+table, the JUnit file (a testsuite per device) and the Markdown name the device of every check; one
+device's report reads as before, without a device column.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from quarl_edge.bench.fleet_result import FleetReport
+from quarl_edge.bench.result import BenchReport, ModelResult
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
@@ -87,150 +91,179 @@ class Check:
     value: float | None
     limit: float
     message: str
+    device: str = ""
+    """the device of a fleet report ("" for one device: its messages do not name it)"""
 
 
-def check_gateable(report: dict[str, Any]) -> None:
-    """Refuse a report the gate cannot judge (InputError): passing it would be a false green."""
-    names = [m.get("name") for m in report["models"]]
-    for n in names:
-        if not isinstance(n, str) or not n.strip():
-            raise InputError(f"the report has a model without a name ({n!r})", "re-run `quarl-edge bench`")
-        if names.count(n) > 1:
+def check_gateable(report: FleetReport) -> None:
+    """Refuse a report the gate cannot judge (InputError): passing it would be a false green. Its numbers
+    were checked when it was read (bench.report.read_report); here what the gate itself needs."""
+    if report.failed:
+        why = "; ".join(f"{dev} did not finish ({f.error})" for dev, f in report.failed.items())
+        raise InputError(f"the fleet report is incomplete: {why}",
+                         "finish it with the same `quarl-edge bench --device ...` command and --resume")  # fmt: skip
+    for dev, section in report.sections:
+        if len(section.models) < 2:
+            on = f" on {dev}" if len(report.devices) > 1 else ""
             raise InputError(
-                f"the report names the model {n!r} twice: one of them would go unchecked",
-                "re-export the bundle with unique model names and re-run `quarl-edge bench`",
+                f"nothing to check{on}: the report holds only the fp32 reference {section.reference!r}",
+                "bench the quantized models too (drop --models, or list them: --models onnx-int8)",
             )
-    ref = next((m for m in report["models"] if m["name"] == report["reference"]), None)
-    if ref is None:
-        raise InputError(
-            f"the report's reference {report['reference']!r} is not one of its models",
-            "re-run `quarl-edge bench`",
-        )
-    if ref.get("precision") != "fp32":
-        raise InputError(
-            f"the report's reference {ref['name']!r} is {ref.get('precision')!r}, not fp32: drops measured "
-            "against it say nothing about the fp32 policy",
-            "bench a bundle with an fp32 model (export --to onnx-fp32,...)",
-        )
-    if len(names) < 2:
-        raise InputError(
-            f"nothing to check: the report holds only the fp32 reference {ref['name']!r}",
-            "bench the quantized models too (drop --models, or list them: --models onnx-int8)",
-        )
 
 
-def evaluate(report: dict[str, Any], cfg: GateConfig) -> list[Check]:
-    """Every check on every non-reference model (the fp32 reference is checked for latency only);
-    an unusable report is an InputError (check_gateable)."""
+def evaluate(report: FleetReport, cfg: GateConfig) -> list[Check]:
+    """Every check on every non-reference model of every device (the fp32 reference is checked for latency
+    only), in the fleet's order; an unusable report is an InputError (check_gateable)."""
     check_gateable(report)
-    if cfg.max_miss_rate_pct is not None:
-        check_in_loop(report)
+    fleet = len(report.devices) > 1
     checks: list[Check] = []
-    for m in report["models"]:
-        name, is_ref = m["name"], m["name"] == report["reference"]
-        if cfg.max_reward_drop_pct is not None and not is_ref:
-            drop = (m.get("drift") or {}).get("reward_drop_pct")
-            if drop is None:
-                checks.append(Check(name, "reward_drop", False, None, cfg.max_reward_drop_pct,
-                                    f"{name}: no paired episodes to measure reward drop"))  # fmt: skip
-            else:
-                ok = drop <= cfg.max_reward_drop_pct
-                checks.append(Check(name, "reward_drop", ok, drop, cfg.max_reward_drop_pct,
-                                    f"{name}: reward drop {drop + 0.0:+.2f}% "
-                                    f"{'<=' if ok else '>'} {cfg.max_reward_drop_pct:g}%"
-                                    + ("" if ok else f" (over by {drop - cfg.max_reward_drop_pct:.2f} points)")))  # fmt: skip
-        if cfg.min_agreement is not None and not is_ref:
-            agree = (m.get("agreement") or {}).get("value")
-            if agree is None:
-                checks.append(Check(name, "agreement", False, None, cfg.min_agreement,
-                                    f"{name}: no trace replay to measure agreement"))  # fmt: skip
-            else:
-                ok = agree >= cfg.min_agreement
-                checks.append(Check(name, "agreement", ok, agree, cfg.min_agreement,
-                                    f"{name}: agreement {agree:.4f} {'>=' if ok else '<'} {cfg.min_agreement:g}"
-                                    + ("" if ok else f" (short by {cfg.min_agreement - agree:.4f})")))  # fmt: skip
-        if cfg.max_p99_ms is not None:
-            p99 = (m.get("latency") or {}).get("p99_us")
-            if p99 is None:
-                checks.append(
-                    Check(name, "p99_latency", False, None, cfg.max_p99_ms, f"{name}: no latency measured")
-                )
-            else:
-                ms = p99 / 1000
-                ok = ms <= cfg.max_p99_ms
-                checks.append(Check(name, "p99_latency", ok, ms, cfg.max_p99_ms,
-                                    f"{name}: p99 {ms:.3f} ms {'<=' if ok else '>'} {cfg.max_p99_ms:g} ms"))  # fmt: skip
+    for dev, section in report.sections:
         if cfg.max_miss_rate_pct is not None:
-            checks.append(_miss_check(name, m.get("in_loop"), cfg.max_miss_rate_pct))
+            check_in_loop(section)
+        for m in section.models:
+            label = f"{dev}: {m.name}" if fleet else m.name
+            checks += [
+                replace(c, device=dev if fleet else "")
+                for c in _model_checks(m, label, m.name == section.reference, cfg)
+            ]
     return checks
 
 
-def _miss_check(name: str, loop: Any, limit: float) -> Check:
-    rate = 100.0 * loop["miss_rate"]
-    ok = rate <= limit
-    return Check(name, "deadline_miss_rate", ok, rate, limit,
-                 f"{name}: {loop['over_budget']} of {loop['steps']} steps over the {loop['budget_us']:.1f} us "
-                 f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)")  # fmt: skip
+def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> list[Check]:
+    """``label`` names the model in messages (with its device in a fleet)."""
+    checks: list[Check] = []
+    if cfg.max_reward_drop_pct is not None and not is_ref:
+        limit = cfg.max_reward_drop_pct
+        if m.drift is None:
+            checks.append(
+                Check(
+                    m.name,
+                    "reward_drop",
+                    False,
+                    None,
+                    limit,
+                    f"{label}: no paired episodes to measure reward drop",
+                )
+            )
+        else:
+            drop = m.drift.reward_drop_pct
+            ok = drop <= limit
+            checks.append(Check(m.name, "reward_drop", ok, drop, limit,
+                                f"{label}: reward drop {drop + 0.0:+.2f}% {'<=' if ok else '>'} {limit:g}%"
+                                + ("" if ok else f" (over by {drop - limit:.2f} points)")))  # fmt: skip
+    if cfg.min_agreement is not None and not is_ref:
+        limit = cfg.min_agreement
+        if m.agreement is None:
+            checks.append(
+                Check(
+                    m.name, "agreement", False, None, limit, f"{label}: no trace replay to measure agreement"
+                )
+            )
+        else:
+            agree = m.agreement.value
+            ok = agree >= limit
+            checks.append(Check(m.name, "agreement", ok, agree, limit,
+                                f"{label}: agreement {agree:.4f} {'>=' if ok else '<'} {limit:g}"
+                                + ("" if ok else f" (short by {limit - agree:.4f})")))  # fmt: skip
+    if cfg.max_p99_ms is not None:
+        limit = cfg.max_p99_ms
+        if m.latency is None:
+            checks.append(Check(m.name, "p99_latency", False, None, limit, f"{label}: no latency measured"))
+        else:
+            ms = m.latency.p99_us / 1000
+            ok = ms <= limit
+            checks.append(Check(m.name, "p99_latency", ok, ms, limit,
+                                f"{label}: p99 {ms:.3f} ms {'<=' if ok else '>'} {limit:g} ms"))  # fmt: skip
+    if cfg.max_miss_rate_pct is not None and m.in_loop is not None:
+        loop, limit = m.in_loop, cfg.max_miss_rate_pct
+        rate = 100.0 * loop.miss_rate
+        ok = rate <= limit
+        checks.append(Check(m.name, "deadline_miss_rate", ok, rate, limit,
+                            f"{label}: {loop.over_budget} of {loop.steps} steps over the {loop.budget_us:.1f} us "
+                            f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)"))  # fmt: skip
+    return checks
 
 
-def check_in_loop(report: dict[str, Any]) -> None:
+def check_in_loop(report: BenchReport) -> None:
     """--max-miss-rate needs every model's in-loop block (`bench --hz`): without it the gate cannot judge."""
-    for m in report["models"]:
-        loop = m.get("in_loop")
-        if not isinstance(loop, dict) or not all(
-            isinstance(loop.get(k), int | float) and not isinstance(loop.get(k), bool)
-            for k in ("miss_rate", "over_budget", "steps", "budget_us")
-        ):
+    for m in report.models:
+        if m.in_loop is None:
             raise InputError(
-                f"the report has no in-loop latency for {m['name']!r}, so --max-miss-rate has nothing to check",
+                f"the report has no in-loop latency for {m.name!r}, so --max-miss-rate has nothing to check",
                 "bench with a control rate: `quarl-edge bench --bundle B --hz 50 --out REPORT.json`",
             )
-        if not (0 <= loop["miss_rate"] <= 1 and 0 <= loop["over_budget"] <= loop["steps"]):  # nan fails too
-            raise InputError(f"the report's in-loop figures for {m['name']!r} are not a share of steps",
-                             "re-run `quarl-edge bench --hz`")  # fmt: skip
 
 
-def check_rows(checks: list[Check]) -> list[list[str]]:
-    """The gate's table: model, check, value, limit, result."""
-    return [[c.model, c.name, "-" if c.value is None else f"{c.value:.4g}", f"{c.limit:g}",
-             "pass" if c.passed else "FAIL"] for c in checks]  # fmt: skip
+def passed(checks: list[Check]) -> bool:
+    return all(c.passed for c in checks)
 
 
-def junit_xml(report: dict[str, Any], checks: list[Check]) -> str:
-    """One testcase per checked model and check (classname: the model, name: the check), in the
-    JUnit XSD's shape (testsuites > testsuite[@tests] > testcase[@name] > failure[@message, @type]).
-    Names and messages are cleaned of control characters, which XML 1.0 cannot hold even escaped."""
-    failures = str(sum(not c.passed for c in checks))
-    tests = str(len(checks))
-    root = ET.Element("testsuites", {"tests": tests, "failures": failures, "errors": "0"})
-    suite = ET.SubElement(root, "testsuite", {"name": clean(f"{SUITE} {report['bundle'].get('policy', '')}"),
-                                              "tests": tests, "failures": failures, "errors": "0"})  # fmt: skip
-    for c in checks:
-        case = ET.SubElement(suite, "testcase", {"name": clean(c.name), "classname": clean(c.model)})
-        if not c.passed:
-            failure = ET.SubElement(case, "failure", {"message": clean(c.message), "type": "threshold"})
-            failure.text = clean(c.message)
+def check_rows(report: FleetReport, checks: list[Check]) -> list[list[str]]:
+    """The gate's table: (device,) model, check, value, limit, result; the device column for a fleet only."""
+    return [[*([c.device] if len(report.devices) > 1 else []), c.model, c.name,
+             "-" if c.value is None else f"{c.value:.4g}", f"{c.limit:g}", "pass" if c.passed else "FAIL"]
+            for c in checks]  # fmt: skip
+
+
+def check_columns(report: FleetReport) -> list[str]:
+    return [*(["device"] if len(report.devices) > 1 else []), "model", "check", "value", "limit", "result"]
+
+
+def verdict_json(report: FleetReport, checks: list[Check]) -> dict[str, object]:
+    """`gate --json`: the verdict, every check, and per device its own."""
+
+    def as_json(c: Check) -> dict[str, object]:
+        return {k: v for k, v in asdict(c).items() if k != "device" or len(report.devices) > 1}
+
+    devices = {
+        dev: [c for c in checks if c.device == (dev if len(report.devices) > 1 else "")]
+        for dev in report.devices
+    }
+    return {"passed": passed(checks), "checks": [as_json(c) for c in checks],
+            "devices": {dev: {"passed": passed(cs), "checks": [as_json(c) for c in cs]} for dev, cs in devices.items()}}  # fmt: skip
+
+
+def junit_xml(report: FleetReport, checks: list[Check]) -> str:
+    """One testsuite per device (named for its policy, and its device in a fleet), one testcase per checked
+    model and check (classname: the model, name: the check), in the JUnit XSD's shape (testsuites >
+    testsuite[@tests] > testcase[@name] > failure[@message, @type]). Names and messages are cleaned of
+    control characters, which XML 1.0 cannot hold even escaped."""
+    fleet = len(report.devices) > 1
+    root = ET.Element("testsuites", {"tests": str(len(checks)), "failures": str(sum(not c.passed for c in checks)),
+                                     "errors": "0"})  # fmt: skip
+    for dev in report.devices:
+        mine = [c for c in checks if c.device == (dev if fleet else "")]
+        name = f"{SUITE} {report.bundle.policy}" + (f" on {dev}" if fleet else "")
+        suite = ET.SubElement(root, "testsuite", {"name": clean(name), "tests": str(len(mine)),
+                                                  "failures": str(sum(not c.passed for c in mine)), "errors": "0"})  # fmt: skip
+        for c in mine:
+            case = ET.SubElement(suite, "testcase", {"name": clean(c.name), "classname": clean(c.model)})
+            if not c.passed:
+                ET.SubElement(
+                    case, "failure", {"message": clean(c.message), "type": "threshold"}
+                ).text = clean(c.message)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def markdown_summary(report: dict[str, Any], checks: list[Check]) -> str:
-    ok = all(c.passed for c in checks)
+def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
+    """The verdict and the table of checks (with a device column for a fleet)."""
+    on = f" on {', '.join(md_cell(d) for d in report.devices)}" if len(report.devices) > 1 else ""
+    cols = check_columns(report)
     lines = [
-        f"{MARKDOWN_TITLE} {'PASS' if ok else 'FAIL'} ({md_cell(report['bundle'].get('policy', ''))})",
+        f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(report.bundle.policy)}{on})",
         "",
-        "| model | check | value | limit | result |",
-        "|---|---|---|---|---|",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
     ]
-    for c in checks:
-        v = "-" if c.value is None else f"{c.value:.4g}"
-        cells = (md_cell(c.model), md_cell(c.name), v, f"{c.limit:g}", "pass" if c.passed else "**FAIL**")
+    for row in check_rows(report, checks):
+        cells = [md_cell(c) for c in row[:-1]] + ["pass" if row[-1] == "pass" else "**FAIL**"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(
-    report: dict[str, Any],
+    report: FleetReport,
     checks: list[Check],
     junit: Path | None,
     md: Path | None,
@@ -238,113 +271,12 @@ def write_outputs(
 ) -> None:
     """Write the JUnit file and the Markdown summary; both targets are checked (outputs.claim) before
     either is written, and neither may be one of ``reads`` (the report)."""
-    _write(junit, md, lambda: junit_xml(report, checks), lambda: markdown_summary(report, checks), reads)
-
-
-def _write(junit: Path | None, md: Path | None, junit_text: Callable[[], str], md_text: Callable[[], str],
-           reads: Iterable[tuple[str, Path | None]]) -> None:  # fmt: skip
     reads = list(reads)
     if junit:
         claim(junit, JUNIT, reads, flag="--junit")
     if md:
         claim(md, MARKDOWN, reads, flag="--markdown")
     if junit:
-        atomic_write_text(junit, junit_text())
+        atomic_write_text(junit, junit_xml(report, checks))
     if md:
-        atomic_write_text(md, md_text())
-
-
-# -- a fleet report (`bench --device a,b`): every device's section gated, each named ------------------
-
-
-@dataclass(frozen=True)
-class DeviceVerdict:
-    device: str
-    checks: list[Check]
-    error: str | None = None
-    """the bench did not finish on this device (the fleet report's ``failed``): nothing there can pass"""
-
-    @property
-    def passed(self) -> bool:
-        return self.error is None and all(c.passed for c in self.checks)
-
-
-def evaluate_fleet(fleet: dict[str, Any], cfg: GateConfig) -> list[DeviceVerdict]:
-    """Every device's section through :func:`evaluate`; a device that did not finish fails; a section
-    the gate cannot judge is an InputError naming its device."""
-    out = []
-    for dev in fleet["devices"]:
-        section = fleet["reports"].get(dev)
-        if section is None:
-            out.append(DeviceVerdict(dev, [], str(fleet["failed"][dev].get("error"))))
-            continue
-        try:
-            out.append(DeviceVerdict(dev, evaluate(section, cfg)))
-        except InputError as e:
-            raise InputError(f"device {dev!r}: {e.problem}", e.fix) from None
-    return out
-
-
-def fleet_check_rows(verdicts: list[DeviceVerdict]) -> list[list[str]]:
-    """The fleet gate's table: device, model, check, value, limit, result."""
-    rows = []
-    for v in verdicts:
-        if v.error is not None:
-            rows.append([v.device, "-", "bench finished", "-", "-", "FAIL"])
-        rows += [[v.device, *r] for r in check_rows(v.checks)]
-    return rows
-
-
-def fleet_failures(verdicts: list[DeviceVerdict]) -> list[str]:
-    """One message per failure, each naming its device."""
-    out = []
-    for v in verdicts:
-        if v.error is not None:
-            out.append(f"{v.device}: the bench did not finish there ({v.error})")
-        out += [f"{v.device}: {c.message}" for c in v.checks if not c.passed]
-    return out
-
-
-def fleet_junit_xml(fleet: dict[str, Any], verdicts: list[DeviceVerdict]) -> str:
-    """One testsuite per device (named for it), one testcase per model and check as for one report; a
-    device that did not finish has one failed testcase, ``bench``."""
-    policy = fleet["bundle"].get("policy", "")
-    counts = [(len(v.checks) + (v.error is not None), sum(not c.passed for c in v.checks) + (v.error is not None))
-              for v in verdicts]  # fmt: skip
-    root = ET.Element("testsuites", {"tests": str(sum(t for t, _ in counts)),
-                                     "failures": str(sum(f for _, f in counts)), "errors": "0"})  # fmt: skip
-    for v, (tests, failures) in zip(verdicts, counts, strict=True):
-        suite = ET.SubElement(root, "testsuite", {"name": clean(f"{SUITE} {policy} on {v.device}"),
-                                                  "tests": str(tests), "failures": str(failures), "errors": "0"})  # fmt: skip
-        if v.error is not None:
-            case = ET.SubElement(suite, "testcase", {"name": "bench", "classname": clean(v.device)})
-            message = clean(f"{v.device}: the bench did not finish there ({v.error})")
-            ET.SubElement(case, "failure", {"message": message, "type": "incomplete"}).text = message
-        for c in v.checks:
-            case = ET.SubElement(suite, "testcase", {"name": clean(c.name), "classname": clean(c.model)})
-            if not c.passed:
-                message = clean(f"{v.device}: {c.message}")
-                ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = message
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def fleet_markdown_summary(fleet: dict[str, Any], verdicts: list[DeviceVerdict]) -> str:
-    ok = all(v.passed for v in verdicts)
-    devices = ", ".join(md_cell(v.device) for v in verdicts)
-    lines = [
-        f"{MARKDOWN_TITLE} {'PASS' if ok else 'FAIL'} ({md_cell(fleet['bundle'].get('policy', ''))} on {devices})",
-        "",
-        "| device | model | check | value | limit | result |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in fleet_check_rows(verdicts):
-        cells = [md_cell(c) for c in row[:-1]] + ["pass" if row[-1] == "pass" else "**FAIL**"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def write_fleet_outputs(fleet: dict[str, Any], verdicts: list[DeviceVerdict], junit: Path | None, md: Path | None,
-                        reads: Iterable[tuple[str, Path | None]] = ()) -> None:  # fmt: skip
-    _write(junit, md, lambda: fleet_junit_xml(fleet, verdicts), lambda: fleet_markdown_summary(fleet, verdicts),
-           reads)  # fmt: skip
+        atomic_write_text(md, markdown_summary(report, checks))

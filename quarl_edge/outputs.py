@@ -45,15 +45,17 @@ def json_format(path: Path) -> Any:
     return data.get("format") if isinstance(data, dict) else None
 
 
-def text_starts_with(prefix: str) -> Callable[[Path], bool]:
-    """A recogniser for a text file of ours by its first line (a Markdown report's title)."""
+def text_starts_with(prefix: str | tuple[str, ...]) -> Callable[[Path], bool]:
+    """A recogniser for a text file of ours by its first line (a Markdown report's title; any of several)."""
+    prefixes = [p.encode() for p in ((prefix,) if isinstance(prefix, str) else prefix)]
 
     def recognise(path: Path) -> bool:
         try:
             with path.open("rb") as f:
-                return f.read(len(prefix.encode())) == prefix.encode()
+                head = f.read(max(map(len, prefixes)))
         except OSError:
             return False
+        return any(head.startswith(p) for p in prefixes)
 
     return recognise
 

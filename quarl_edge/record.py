@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from quarl_edge.outputs import TRACE, claim
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.runner import EpisodeResult, run_episodes
 from quarl_edge.runtimes.trace import Trace, check_fits, make_trace, save_trace
 
 
@@ -42,49 +44,50 @@ class RecordConfig:
 
 
 def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) -> Trace:
+    """Episodes on seeds cfg.seed, cfg.seed+1, ... (the runner's run_episodes), every step recorded."""
     spec = policy.spec
     rng = np.random.default_rng(cfg.seed)
     env = make_env(spec.env)
-    obs_l, act_l, rew_l, done_l, ep_l, seeds = [], [], [], [], [], []
+    obs_l, act_l, rew_l, done_l, ep_l = [], [], [], [], []
     discrete = spec.action_space.is_discrete
     if not discrete:
         low, high = bounds(spec.action_space)
         low, high = low.astype(np.float32), high.astype(np.float32)
+
+    def act(obs: np.ndarray) -> Any:
+        action = policy.act(obs)
+        if discrete:
+            if rng.random() < cfg.epsilon:
+                action = int(rng.integers(spec.action_space.n or 1))
+        elif cfg.epsilon > 0:
+            action = np.clip(action + rng.normal(0, cfg.epsilon, action.shape) * (high - low), low, high)
+            action = action.astype(np.float32)
+        return action
+
+    def step(obs: np.ndarray, action: Any, reward: float, end: bool) -> bool:
+        obs_l.append(obs)
+        act_l.append(action)
+        rew_l.append(reward)
+        done_l.append(end)
+        ep_l.append(len(episodes))
+        full = cfg.max_samples is not None and len(obs_l) >= cfg.max_samples
+        if full:  # the cap ends the recording, and the episode with it
+            done_l[-1] = True
+        return not full
+
+    episodes: list[EpisodeResult] = []
+
+    def finished(e: EpisodeResult) -> None:
+        episodes.append(e)
+        if progress is not None:
+            progress(len(episodes), cfg.episodes)  # type: ignore[operator]
+
     try:
-        for ep in range(cfg.episodes):
-            seed = cfg.seed + ep
-            seeds.append(seed)
-            obs, _ = env.reset(seed=seed)
-            env.action_space.seed(seed)
-            steps = 0
-            while True:
-                action = policy.act(obs)
-                if discrete:
-                    if rng.random() < cfg.epsilon:
-                        action = int(rng.integers(spec.action_space.n or 1))
-                elif cfg.epsilon > 0:
-                    action = np.clip(
-                        action + rng.normal(0, cfg.epsilon, action.shape) * (high - low), low, high
-                    )
-                    action = action.astype(np.float32)
-                next_obs, r, term, trunc, _ = env.step(action)
-                steps += 1
-                end = bool(term or trunc or (cfg.max_steps is not None and steps >= cfg.max_steps))
-                obs_l.append(np.asarray(obs))
-                act_l.append(action)
-                rew_l.append(float(r))
-                done_l.append(end)
-                ep_l.append(ep)
-                obs = next_obs
-                if end or (cfg.max_samples is not None and len(obs_l) >= cfg.max_samples):
-                    done_l[-1] = True
-                    break
-            if progress is not None:
-                progress(ep + 1, cfg.episodes)  # type: ignore[operator]
-            if cfg.max_samples is not None and len(obs_l) >= cfg.max_samples:
-                break
+        run_episodes(env, act, range(cfg.seed, cfg.seed + cfg.episodes), max_steps=cfg.max_steps,
+                     on_step=step, on_episode=finished, catch=False)  # fmt: skip
     finally:
         env.close()
+    seeds = [e.seed for e in episodes]
     meta = {
         "policy": spec.name,
         "algo": spec.algo,
@@ -102,7 +105,7 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
         rewards=np.asarray(rew_l),
         dones=np.asarray(done_l),
         episode_ids=np.asarray(ep_l),
-        seeds=np.asarray(seeds[: len(set(ep_l))]),
+        seeds=np.asarray(seeds),
         meta=meta,
     )
 

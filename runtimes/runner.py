@@ -28,6 +28,11 @@ from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
 Progress = Callable[[dict[str, Any]], None]
+Act = Callable[[np.ndarray], Any]
+"""an observation in, the env's action out"""
+OnStep = Callable[[np.ndarray, Any, float, bool], bool]
+"""``(obs, action, reward, episode_ended) -> go_on``: sees every step; False stops after this step (this
+episode ends there and no other starts)"""
 
 
 @dataclass
@@ -106,6 +111,74 @@ class ModelRun:
         return d
 
 
+def run_episodes(
+    env: Any,
+    act: Act,
+    seeds: Sequence[int],
+    *,
+    max_steps: int | None = None,
+    reset: Callable[[], None] | None = None,
+    timed: bool = False,
+    on_step: OnStep | None = None,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+    catch: bool = True,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> list[EpisodeResult]:
+    """The one seeded closed loop: one episode per seed, in order, ``act`` choosing every action.
+
+    Each episode starts from ``env.reset(seed=seed)`` with the action space seeded alike (a random or
+    exploring policy samples the same actions on every run), so two variants run on the same seeds play
+    paired episodes: the same start states, and the same env randomness, step for step. ``reset``: called
+    at each episode's start (a policy's frame stack, recurrent state). ``timed``: each episode keeps the
+    time of every act() call (between two real env steps, as in a control loop). ``catch``: an episode
+    that raises is reported with its error and the others go on (a bench); exceptions of ``reraise`` (a
+    dropped link: not the episode's doing) and, without ``catch``, every exception end the run.
+    """
+    results: list[EpisodeResult] = []
+    go_on = True
+    for seed in seeds:
+        if not go_on:
+            break
+        seed = int(seed)
+        obs, _ = env.reset(seed=seed)
+        env.action_space.seed(seed)
+        if reset is not None:
+            reset()
+        clock = time.perf_counter_ns
+        times: list[int] | None = [] if timed else None
+        ret, steps, nonfinite, error = 0.0, 0, 0, None
+        try:
+            while go_on:
+                obs = np.asarray(obs)
+                if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
+                    nonfinite += 1
+                if times is None:
+                    action = act(obs)
+                else:  # between two real env steps: the caches are the env's, as in a control loop
+                    t0 = clock()
+                    action = act(obs)
+                    times.append(clock() - t0)
+                next_obs, reward, terminated, truncated, _ = env.step(action)
+                ret += float(reward)
+                steps += 1
+                end = bool(terminated or truncated or (max_steps is not None and steps >= max_steps))
+                if on_step is not None:
+                    go_on = on_step(obs, action, float(reward), end)
+                if end:
+                    break
+                obs = next_obs
+        except reraise:
+            raise
+        except Exception as e:  # a broken episode is reported, the others go on
+            if not catch:
+                raise
+            error = f"{type(e).__name__}: {e}"
+        results.append(EpisodeResult(seed, ret, steps, nonfinite, error, times))
+        if on_episode is not None:
+            on_episode(results[-1])
+    return results
+
+
 def peak_rss_mb() -> float:
     # ru_maxrss is KiB on Linux, bytes on macOS
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -152,45 +225,21 @@ class PolicyRunner:
         progress: Progress | None = None,
         timed: bool = False,
     ) -> list[EpisodeResult]:
-        """Closed-loop episodes on ``seeds``; ``timed``: each keeps the time of every act() call."""
+        """Closed-loop episodes on ``seeds`` through ``Policy.act`` (run_episodes); ``timed``: each keeps
+        the time of every act() call."""
         if not seeds:  # latency only, or the env runs on the host (bench --env-on-host): no env here
             return []
+
+        def done(e: EpisodeResult) -> None:
+            if progress:
+                progress({"event": "episode", "model": self.entry.name, **asdict(e)})
+
         env = self.policy.make_env()
-        results = []
         try:
-            for seed in seeds:
-                results.append(self._episode(env, int(seed), max_steps, timed))
-                if progress:
-                    progress({"event": "episode", "model": self.entry.name, **asdict(results[-1])})
+            return run_episodes(env, self.policy.act, seeds, max_steps=max_steps, reset=self.policy.reset,
+                                timed=timed, on_episode=done)  # fmt: skip
         finally:
             env.close()
-        return results
-
-    def _episode(self, env: Any, seed: int, max_steps: int | None, timed: bool) -> EpisodeResult:
-        obs, _ = env.reset(seed=seed)
-        self.policy.reset()
-        act, clock = self.policy.act, time.perf_counter_ns
-        times: list[int] | None = [] if timed else None
-        ret, steps, nonfinite = 0.0, 0, 0
-        try:
-            while True:
-                obs = np.asarray(obs)
-                if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
-                    nonfinite += 1
-                if times is None:
-                    action = act(obs)
-                else:  # between two real env steps: the caches are the env's, as in a control loop
-                    t0 = clock()
-                    action = act(obs)
-                    times.append(clock() - t0)
-                obs, reward, terminated, truncated, _ = env.step(action)
-                ret += float(reward)
-                steps += 1
-                if terminated or truncated or (max_steps is not None and steps >= max_steps):
-                    break
-        except Exception as e:  # a broken episode is reported, the bench goes on
-            return EpisodeResult(seed, ret, steps, nonfinite, f"{type(e).__name__}: {e}", times)
-        return EpisodeResult(seed, ret, steps, nonfinite, act_ns=times)
 
     def replay(self, trace: Trace) -> ReplayResult:
         """Actions for every recorded observation; non-finite observations are skipped and counted."""

@@ -22,6 +22,7 @@ from quarl_edge.actorq.d4pg import Args as D4PGArgs  # noqa: E402
 from quarl_edge.actorq.d4pg import project, support  # noqa: E402
 from quarl_edge.actorq.d4pg import train as train_d4pg  # noqa: E402
 from quarl_edge.actorq.dqn import Args, QNetwork, train  # noqa: E402
+from quarl_edge.actorq.result import CurvePoint, read_study  # noqa: E402
 from quarl_edge.actorq.sessions import open_model  # noqa: E402
 from quarl_edge.actorq.throughput import inference_throughput  # noqa: E402
 from quarl_edge.runtimes.errors import InputError  # noqa: E402
@@ -70,7 +71,7 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     args = Args(
         out=tmp_path, steps=2500, actors=2, actor_precision="int8", learning_starts=500, update_period=50
     )
-    log = train(args, on_chunk=inspect)
+    log = train(args, on_chunk=inspect).to_dict()  # the log as log.json holds it
     assert log["env_steps"] >= 2500 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     for info in seen["info"]:
         assert info["precision"] == "int8"
@@ -93,7 +94,7 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
         assert (tmp_path / name).is_file(), name
     assert not (tmp_path / "checkpoint" / "model.pt").exists()
     # resume: the checkpoint's step count, update count and curve carry over
-    log2 = train(dataclasses.replace(args, steps=2500 + 640, resume=True))
+    log2 = train(dataclasses.replace(args, steps=2500 + 640, resume=True)).to_dict()
     resumed = log2["events"][0]
     assert resumed["event"] == "resumed" and resumed["env_steps"] == log["env_steps"]
     assert 3100 <= log2["env_steps"] <= 2500 + 640 + 2 * 64  # steps is the total, not more after the resume
@@ -113,7 +114,7 @@ def test_killed_actor_is_replaced_and_training_continues(local_ray: str, tmp_pat
             ray.kill(actors[0])
             killed["at"] = steps
 
-    log = train(Args(out=tmp_path, steps=3000, actors=2, learning_starts=500), on_chunk=kill)
+    log = train(Args(out=tmp_path, steps=3000, actors=2, learning_starts=500), on_chunk=kill).to_dict()
     events = [e["event"] for e in log["events"]]
     assert "actor_died" in events
     assert events.count("actor_started") == 3  # two at start, one replacement
@@ -247,7 +248,7 @@ def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path, runtime: str)
     args = D4PGArgs(out=tmp_path, steps=1200, actors=2, actor_precision="int8", learning_starts=400,
                     update_period=50, hidden=(64, 64), batch_size=64, train_frequency=8, n_step=3,
                     actor_runtime=runtime)  # fmt: skip
-    log = train_d4pg(args, on_chunk=inspect)
+    log = train_d4pg(args, on_chunk=inspect).to_dict()
     assert log["env_steps"] >= 1200 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     assert all(np.isfinite(v) for v in log["losses"].values())
     chosen = log["actor_runtime"]["chosen"]
@@ -332,41 +333,42 @@ def test_throughput_reports_int8_over_fp32_ratio(runtime: str) -> None:
     precisions = ("fp32", "fp16", "int8")
     models = {p: quantize_broadcast(q.state_dict(), p, obs, 0, runtime=runtime).model for p in precisions}
     tp = inference_throughput(models, obs, calls=50, rounds=2, runtimes=dict.fromkeys(precisions, runtime))
-    assert set(tp["ratio_vs_fp32"]) == {"fp16/fp32", "int8/fp32"}
-    calls = tp["calls_per_s"]
+    assert set(tp.ratio_vs_fp32) == {"fp16/fp32", "int8/fp32"}
+    calls = tp.calls_per_s
     assert all(v > 0 for v in calls.values())  # each precision was measured
     for p in ("fp16", "int8"):  # and the ratio is the measured throughputs' quotient, side by side
-        assert tp["ratio_vs_fp32"][f"{p}/fp32"] == pytest.approx(calls[p] / calls["fp32"])
+        assert tp.ratio_vs_fp32[f"{p}/fp32"] == pytest.approx(calls[p] / calls["fp32"])
 
 
 @pytest.mark.slow
 def test_study_quick_suite(local_ray: str, tmp_path: Path) -> None:
     study = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
-    assert len(study["runs"]) == 6  # fp32/fp16/int8 at two update periods, one seed
-    assert {r["precision"] for r in study["rows"]} == {"fp32", "fp16", "int8"}
-    assert all(r["final_return_mean"] is not None for r in study["rows"])
+    assert len(study.runs) == 6  # fp32/fp16/int8 at two update periods, one seed
+    assert {r.precision for r in study.rows} == {"fp32", "fp16", "int8"}
+    assert all(r.final_return_mean is not None for r in study.rows)
     files = write_outputs(study, tmp_path)
     assert {f.name for f in files} == {
         "actorq.json", "actorq.md", "breakdown-CartPole-v1-dqn-120x84.png", "curves-CartPole-v1-dqn-120x84.png"
     }  # fmt: skip
     md = (tmp_path / "actorq.md").read_text()
     assert "| CartPole-v1 dqn 120x84 | int8 |" in md and "energy fp32/this (paper, int8: 1.9x-3.8x)" in md
-    assert all(r["energy"]["cpu_s"]["learner"] > 0 for r in study["runs"])
+    assert all(r.energy is not None and r.energy.cpu_s["learner"] > 0 for r in study.runs)
+    assert read_study(tmp_path / "actorq.json") == study  # what was written reads back as the same study
     # a second run over the same folder reuses the six finished runs instead of training again
     again = run_study(ActorQStudyConfig("quick", tmp_path), progress=lambda _: None)
-    assert [r["final_return"] for r in again["runs"]] == [r["final_return"] for r in study["runs"]]
+    assert [r.final_return for r in again.runs] == [r.final_return for r in study.runs]
     # --finished-only with one run's log gone: the other five, that one listed as not run, nothing trained
     gone = next((tmp_path / "runs").glob("*-int8-u50-s0"))
     (gone / "log.json").unlink()
     part = run_study(ActorQStudyConfig("quick", tmp_path, finished_only=True), progress=lambda _: None)
-    assert len(part["runs"]) == 5 and part["not_run"] == [gone.name] and not (gone / "log.json").exists()
-    rows = [(r["update_period"], r["precision"]) for r in part["rows"]]
+    assert len(part.runs) == 5 and part.not_run == (gone.name,) and not (gone / "log.json").exists()
+    rows = [(r.update_period, r.precision) for r in part.rows]
     assert (50, "int8") not in rows and len(rows) == 5  # the row of the run not yet made is left out
 
 
 def test_finished_only_on_an_empty_folder_trains_nothing_and_says_what_is_missing(tmp_path: Path) -> None:
     study = run_study(ActorQStudyConfig("quick", tmp_path, finished_only=True), progress=lambda _: None)
-    assert study["runs"] == [] and study["rows"] == [] and len(study["not_run"]) == 6
+    assert study.runs == () and study.rows == () and len(study.not_run) == 6
     write_outputs(study, tmp_path)
     md = (tmp_path / "actorq.md").read_text()
     assert "Not run yet (6 of the suite's runs" in md and "CartPole-v1-dqn-120x84-int8-u500-s0" in md
@@ -380,9 +382,8 @@ def test_within_spread_compares_final_returns_over_seeds() -> None:
 
 
 def test_time_to_target_uses_the_rolling_mean() -> None:
-    curve = [
-        {"wall_s": float(i), "return": r} for i, r in enumerate([10, 10, 50, 50, 50, 50, 50, 50, 50, 50, 50])
-    ]
+    curve = [CurvePoint(wall_s=float(i), env_steps=i, ret=float(r), length=1, actor=0)
+             for i, r in enumerate([10, 10, 50, 50, 50, 50, 50, 50, 50, 50, 50])]  # fmt: skip
     assert time_to_target(curve, 40.0) == 9.0  # the first full window of 10 (mean 42)
     assert time_to_target(curve, 45.0) == 10.0  # the next (mean 46)
     assert time_to_target(curve, 60.0) is None
@@ -450,5 +451,7 @@ def test_resume_with_other_learning_settings_is_refused(local_ray: str, tmp_path
     train(args)
     with pytest.raises(InputError, match="other settings .*learning_rate"):
         train(dataclasses.replace(args, steps=900, resume=True, learning_rate=1e-2))
-    log = train(dataclasses.replace(args, steps=900, resume=True))  # more steps: a resume may go further
+    log = train(
+        dataclasses.replace(args, steps=900, resume=True)
+    ).to_dict()  # more steps: a resume may go further
     assert log["events"][0]["event"] == "resumed" and log["env_steps"] >= 900

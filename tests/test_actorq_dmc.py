@@ -47,7 +47,7 @@ def test_d4pg_trains_on_dm_control_with_int8_actors(one_thread_ray: None, tmp_pa
     args = Args(env=TASK, out=tmp_path, steps=3000, actors=2, actor_precision="int8", learning_starts=300,
                 update_period=50, hidden=(32, 32), batch_size=32, train_frequency=8, n_step=3, chunk=50,
                 checkpoint_every=100_000)  # fmt: skip
-    log = train(args, on_chunk=inspect)
+    log = train(args, on_chunk=inspect).to_dict()  # the log as log.json holds it
     assert log["env_steps"] >= 3000 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     assert all(np.isfinite(v) for v in log["losses"].values())
     assert log["support"]["source"].startswith("DM Control") and log["support"]["v_min"] == 0.0
@@ -90,8 +90,9 @@ def test_unknown_dm_control_task_is_the_registry_error(cli: Any, tmp_path: Path)
 @pytest.mark.slow
 def test_study_dmc_quick_suite(one_thread_ray: None, tmp_path: Path) -> None:
     study = run_study(ActorQStudyConfig("dmc-quick", tmp_path), progress=lambda _: None)
-    assert [r["precision"] for r in study["runs"]] == ["fp32", "fp16", "int8"]
-    assert all(r["final_return"] is not None and r["energy"]["cpu_s"]["learner"] > 0 for r in study["runs"])
+    assert [r.precision for r in study.runs] == ["fp32", "fp16", "int8"]
+    assert all(r.final_return is not None and r.energy is not None and r.energy.cpu_s["learner"] > 0
+               for r in study.runs)  # fmt: skip
     files = write_outputs(study, tmp_path)
     label = "dm_control-cartpole-balance-v0-d4pg-32x32x32-critic-64x64x32"
     assert {f.name for f in files} >= {"actorq.md", f"breakdown-{label}.png", f"curves-{label}.png"}

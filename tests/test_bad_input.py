@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from conftest import assert_absent, assert_no_report
 
-from quarl_edge.bench.device import bench_on_device
+from quarl_edge.bench.fleet import bench_on_device
 from quarl_edge.bench.partial import PARTIAL_FORMAT, BenchInterrupted, partial_path
 from quarl_edge.bench.report import read_report
 from quarl_edge.bench.run import BenchConfig, bench
@@ -482,7 +482,7 @@ def test_closed_loop_nan_observation_is_counted(nanenv_bundle: Path) -> None:
 
 
 def test_bench_reports_closed_loop_nan_observations(nanenv_bundle: Path) -> None:
-    report = bench(nanenv_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=30))
+    report = bench(nanenv_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=30)).to_dict()
     for m in report["models"]:
         assert "2 non-finite (NaN/inf) observations during episodes" in m["warnings"], m["warnings"]
         assert m["reward"]["per_episode"] == [30.0, 30.0]

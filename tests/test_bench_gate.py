@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from quarl_edge.bench.report import write_report
+from quarl_edge.bench.fleet_result import FleetReport
+from quarl_edge.bench.report import read_report, write_report
+from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench, local_transport
 
 MODELS = ("onnx-fp32", "onnx-fp16", "onnx-int8")
@@ -79,7 +81,7 @@ def check_report(report: dict[str, Any], episodes: int, latency_samples: int) ->
 
 
 @pytest.fixture(scope="module")
-def lib_bench(cartpole_bundle: Path) -> tuple[dict[str, Any], dict[str, list[int]], dict[str, list[str]]]:
+def lib_bench(cartpole_bundle: Path) -> tuple[BenchReport, dict[str, list[int]], dict[str, list[str]]]:
     """bench() through the real local transport; also records the seeds each runner actually played."""
     played: dict[str, list[int]] = {}
     args_seen: dict[str, list[str]] = {}
@@ -97,9 +99,9 @@ def lib_bench(cartpole_bundle: Path) -> tuple[dict[str, Any], dict[str, list[int
 
 
 @pytest.fixture(scope="module")
-def report_file(lib_bench: tuple[dict[str, Any], Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def report_file(lib_bench: tuple[BenchReport, Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("report") / "r.json"
-    write_report(lib_bench[0], path)
+    write_report(FleetReport.of_one(lib_bench[0]), path)  # one device: written as its own report
     return path
 
 
@@ -118,18 +120,21 @@ def _model(data: dict[str, Any], name: str) -> dict[str, Any]:
 # --- bench -----------------------------------------------------------------------------------------
 
 
-def test_bench_library_report(lib_bench: tuple[dict[str, Any], Any, Any]) -> None:
+def test_bench_library_report(lib_bench: tuple[BenchReport, Any, Any], report_file: Path) -> None:
     report, _, _ = lib_bench
-    check_report(report, episodes=3, latency_samples=200)
-    assert report["settings"]["seeds"] == [1000, 1001, 1002]
-    assert report["device"]["name"] == "local"
+    check_report(report.to_dict(), episodes=3, latency_samples=200)
+    assert report.settings.seeds == (1000, 1001, 1002)
+    assert report.device.name == "local" and report.ref.precision == "fp32"
+    # what is written is the report's JSON, and reads back as the same typed report
+    assert _no_nan(report_file.read_text()) == json.loads(json.dumps(report.to_dict()))
+    assert read_report(report_file) == FleetReport.of_one(report)
 
 
-def test_bench_plays_the_same_seeds_for_every_model(lib_bench: tuple[dict[str, Any], Any, Any]) -> None:
+def test_bench_plays_the_same_seeds_for_every_model(lib_bench: tuple[BenchReport, Any, Any]) -> None:
     report, played, args_seen = lib_bench
     assert set(played) == set(MODELS)
     for model in MODELS:
-        assert played[model] == report["settings"]["seeds"], model
+        assert played[model] == list(report.settings.seeds), model
         assert args_seen[model][args_seen[model].index("--seeds") + 1] == "1000,1001,1002"
 
 
@@ -331,3 +336,103 @@ def test_demo_exports_benches_gates_and_tunes(cli: Any, tmp_path: Path) -> None:
     tuned = json.loads((out / "tune" / "tune.json").read_text())["tune"]
     fp32 = min(r["p50_us"] for r in tuned["candidates"] if r["precision"] == "fp32" and r.get("p50_us"))
     assert tuned["choice"]["p50_us"] <= fp32 and "chosen:" in p.stderr
+
+
+# --- numbers outside their meaning: refused where the report is read (exit 2), a test per case -----------
+
+INT8 = 2  # NORMAL's models: fp32 (the reference), fp16, int8
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Any:
+    def edit(doc: dict[str, Any]) -> None:
+        target = doc["models"][INT8]
+        for k in path[:-1]:
+            target = target[k]
+        target[path[-1]] = value
+
+    return edit
+
+
+IMPOSSIBLE = {
+    "agreement-7": (
+        _set(("agreement", "value"), 7.0),
+        "model onnx-int8 agreement: value is 7, outside [0, 1]",
+    ),
+    "agreement-inf": (_set(("agreement", "value"), math.inf), "value is inf, not a finite number"),
+    "agreement-negative": (_set(("agreement", "value"), -0.1), "value is -0.1, outside [0, 1]"),
+    "p99-negative": (
+        _set(("latency", "p99_us"), -5.0),
+        "model onnx-int8 latency: p99_us is -5, outside >= 0",
+    ),
+    "p50-nan": (_set(("latency", "p50_us"), math.nan), "p50_us is nan, not a finite number"),
+    "size-negative": (_set(("size_bytes",), -1), "size_bytes is not an integer >= 0"),
+    "load-inf": (_set(("load_ms",), math.inf), "load_ms is inf, not a finite number"),
+    "drop-minus-inf": (
+        _set(("drift", "reward_drop_pct"), -math.inf),
+        "reward_drop_pct is -inf, not a finite number",
+    ),
+    "drop-nan": (_set(("drift", "reward_drop_pct"), math.nan), "reward_drop_pct is nan"),
+    "drop-null": (_set(("drift", "reward_drop_pct"), None), "reward_drop_pct is not a number"),
+    "ci-reversed": (_set(("drift", "rel_ci95"), [0.1, -0.1]), "low end above its high end"),
+    "reward-inf": (_set(("reward", "mean"), math.inf), "mean is inf"),
+    "threads-zero": (_set(("threads",), 0), "threads is not an integer >= 1"),
+    "reference-not-fp32": (lambda d: d["models"][0].update(precision="int8"), "is 'int8', not fp32"),
+    "name-twice": (lambda d: d["models"][INT8].update(name="onnx-fp16"), "names the model 'onnx-fp16' twice"),
+}
+
+
+@pytest.mark.parametrize("case", list(IMPOSSIBLE))
+def test_the_gate_refuses_a_report_with_a_number_outside_its_meaning(case: str) -> None:
+    from report_json import NORMAL
+
+    from quarl_edge.bench.report import parse_report
+    from quarl_edge.gate import GateConfig, evaluate
+    from quarl_edge.runtimes.errors import InputError
+
+    evaluate(parse_report(json.loads(json.dumps(NORMAL))), GateConfig())  # the unedited report passes
+    edit, expect = IMPOSSIBLE[case]
+    doc = json.loads(json.dumps(NORMAL))
+    edit(doc)
+    with pytest.raises(InputError) as e:
+        parse_report(json.loads(json.dumps(doc)), "report 'r.json'")
+    assert expect in e.value.problem and "\n" not in str(e.value)
+    assert e.value.problem.startswith("report 'r.json'") and "quarl-edge bench" in str(e.value.fix)
+
+
+@pytest.mark.parametrize(("case", "expect"), [("agreement-7", "outside [0, 1]"), ("p99-negative", "p99_us is -5"),
+                                              ("drop-minus-inf", "reward_drop_pct is -inf")])  # fmt: skip
+def test_the_gate_cli_exits_2_in_one_line_on_an_impossible_number(cli: Any, tmp_path: Path, case: str,
+                                                                   expect: str) -> None:  # fmt: skip
+    from report_json import NORMAL
+
+    doc = json.loads(json.dumps(NORMAL))
+    IMPOSSIBLE[case][0](doc)
+    (tmp_path / "r.json").write_text(json.dumps(doc))  # Python writes inf as Infinity, as a hand edit would
+    junit = tmp_path / "junit.xml"
+    line = _assert_error(cli("gate", "r.json", "--junit", junit))
+    assert expect in line and "r.json" in line and not junit.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expect"),
+    [("--max-reward-drop", "nan", "finite"), ("--max-reward-drop", "-1%", ">= 0"), ("--min-agreement", "inf", "finite"),
+     ("--min-agreement", "1.5", "between 0 and 1"), ("--max-p99-ms", "nan", "finite"), ("--max-p99-ms", "-5", "positive"),
+     ("--max-miss-rate", "101%", "between 0% and 100%"), ("--max-miss-rate", "inf", "finite")],
+)  # fmt: skip
+def test_every_gate_limit_is_finite_and_in_range(flag: str, value: str, expect: str) -> None:
+    from quarl_edge.gate import GateConfig, parse_percent
+    from quarl_edge.runtimes.errors import InputError
+
+    field = {"--max-reward-drop": "max_reward_drop_pct", "--min-agreement": "min_agreement",
+             "--max-p99-ms": "max_p99_ms", "--max-miss-rate": "max_miss_rate_pct"}[flag]  # fmt: skip
+    number = parse_percent(value) if flag in ("--max-reward-drop", "--max-miss-rate") else float(value)
+    with pytest.raises(InputError, match=flag) as e:
+        GateConfig(**{field: number})
+    assert expect in str(e.value)
+
+
+def test_the_gate_cli_refuses_a_limit_out_of_range_before_reading_the_report(
+    cli: Any, tmp_path: Path
+) -> None:
+    line = _assert_error(cli("gate", "missing.json", "--max-p99-ms", "nan"))
+    assert "--max-p99-ms must be a finite number" in line

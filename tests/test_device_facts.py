@@ -127,7 +127,7 @@ def test_a_local_bench_report_carries_the_facts_and_a_markdown_row(
     cartpole_bundle: Path, tmp_path: Path
 ) -> None:
     report = bench(cartpole_bundle, BenchConfig(episodes=1, latency_samples=20, models=("onnx-int8",)))
-    dev = report["device"]
+    dev = report.to_dict()["device"]
     assert dev["name"] == "local" and dev["machine"] == platform.machine() and dev["cores"] >= 1
     assert dev["cpu_features"] == device_info()["cpu_features"] and dev["os"]
     _, md = write_report(report, tmp_path / "r.json")
@@ -142,9 +142,10 @@ def test_facts_from_a_device_are_data() -> None:
                "runtimes": {"onnxruntime": 5}, "mem_total_mb": "lots", "emulation": "yes"}  # fmt: skip
     text = facts_text(hostile)  # wrong types are skipped, not shown as facts or raised on
     assert text.startswith("aarch64\n| x |, <b>A72</b>; int8 ISA: ?") and "GiB" not in text
-    report = {"bundle": {"policy": "p", "algo": "a", "env": "e"}, "device": {"name": "d", **hostile},
-              "settings": {"threads": 1, "episodes": 0, "seeds": [], "hz": None}, "reference": "m", "models": []}  # fmt: skip
-    from quarl_edge.bench.report import markdown
+    from report_json import NORMAL
 
+    from quarl_edge.bench.report import markdown, parse_report
+
+    report = parse_report({**NORMAL, "device": {"name": "d", **hostile}})  # facts are data: read as they are
     row = next(ln for ln in markdown(report).splitlines() if ln.startswith("Device facts: "))
     assert "\\n" in row and "\\|" in row and "&lt;b&gt;" in row and "<b>" not in row

@@ -739,7 +739,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
     cache, pip offline on the board), then a Pong (Atari, frame preprocessing on the board) and a
     HalfCheetah (MuJoCo) bundle bench with closed-loop episodes there, paired against fp32. The venv is
     a second one in the login directory, removed afterwards: the cached rootfs stays as built."""
-    from quarl_edge.bench.device import bench_on_device
+    from quarl_edge.bench.fleet import bench_on_device
     from quarl_edge.bench.run import BenchConfig
     from quarl_edge.devices import setup
     from quarl_edge.devices.preflight import bundle_packages
@@ -767,7 +767,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
         for name, bundle in bundles.items():
             t0 = time.monotonic()
             cfg = BenchConfig(episodes=2, max_steps=80, latency_samples=20, warmup=5)
-            report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": python})
+            report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": python}).to_dict()
             assert report["device"]["machine"] == "aarch64" and report["device"]["emulated"] is True
             for m in report["models"]:  # every episode ran on the board, none failed
                 assert m["reward"]["episodes"] == 2 and None not in m["reward"]["per_episode"], m["reward"]

@@ -290,7 +290,9 @@ def test_bench_over_ssh_end_to_end_and_second_bench_uploads_nothing(
 ) -> None:
     starts: list[dict[str, Any]] = []
     with SSHTransport(load_profile(DEV)) as t:
-        report = bench(cartpole_bundle, CFG, device={"name": DEV}, transport=t, progress=starts.append)
+        report = bench(
+            cartpole_bundle, CFG, device={"name": DEV}, transport=t, progress=starts.append
+        ).to_dict()
     h = report["harness"]
     assert h["transport"] == "ssh" and h["connect_s"] > 0 and h["cache_check_s"] > 0
     assert any(f.startswith("runner ") for f in h["uploaded_files"])
@@ -305,7 +307,7 @@ def test_bench_over_ssh_end_to_end_and_second_bench_uploads_nothing(
     assert dev["machine"] == os.uname().machine and dev["runtimes"]["onnxruntime"] and dev["cpu_model"]
     assert dev["uname"].split()[0] == "Linux" and dev["python"] == ".".join(map(str, sys.version_info[:3]))
     assert [m["name"] for m in report["models"]] == MODELS
-    local = bench(cartpole_bundle, CFG)
+    local = bench(cartpole_bundle, CFG).to_dict()
     for remote_m, local_m in zip(report["models"], local["models"], strict=True):
         assert remote_m["latency"]["count"] == CFG.latency_samples and remote_m["latency"]["p50_us"] > 0
         # same seeds, same models, same kernels: the episodes played over SSH are the local ones
@@ -314,7 +316,7 @@ def test_bench_over_ssh_end_to_end_and_second_bench_uploads_nothing(
         assert not remote_m["warnings"]
 
     with SSHTransport(load_profile(DEV)) as t:
-        again = bench(cartpole_bundle, CFG, device={"name": DEV}, transport=t)
+        again = bench(cartpole_bundle, CFG, device={"name": DEV}, transport=t).to_dict()
     assert again["harness"]["uploaded_files"] == [] and again["harness"]["uploaded_bytes"] == 0
 
 
@@ -326,8 +328,8 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
     device times act() in those episodes (Pendulum: 200 steps each)."""
     cfg = BenchConfig(episodes=4, latency_samples=20, hz=50)
     with SSHTransport(load_profile(DEV)) as t:
-        remote = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t)
-    local = bench(pendulum_bundle, cfg)
+        remote = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t).to_dict()
+    local = bench(pendulum_bundle, cfg).to_dict()
     for r, lo in zip(remote["models"], local["models"], strict=True):
         per_ep = r["reward"]["per_episode"]
         assert len(set(per_ep)) == cfg.episodes, per_ep  # every seed its own return
@@ -344,8 +346,10 @@ def test_env_on_host_plays_the_same_episodes_over_ssh_with_policy_and_link_time_
     much of each step was the policy on the device and how much the link."""
     cfg = BenchConfig(episodes=3, latency_samples=20)
     with SSHTransport(load_profile(DEV)) as t:
-        on_device = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t)
-        on_host = bench(pendulum_bundle, replace(cfg, env_on_host=True), device={"name": DEV}, transport=t)
+        on_device = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t).to_dict()
+        on_host = bench(
+            pendulum_bundle, replace(cfg, env_on_host=True), device={"name": DEV}, transport=t
+        ).to_dict()
     for a, b in zip(on_device["models"], on_host["models"], strict=True):
         per_ep = b["reward"]["per_episode"]
         assert len(set(per_ep)) == cfg.episodes and per_ep == a["reward"]["per_episode"]
@@ -507,7 +511,7 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     trusted.device(sshd, name="evil", cache_dir=str(cache))
     cfg = BenchConfig(episodes=1, latency_samples=20, warmup=1, models=(model,), trace=trace)
     with SSHTransport(load_profile("evil")) as t:
-        report = bench(bundle, cfg, device={"name": "evil"}, transport=t)
+        report = bench(bundle, cfg, device={"name": "evil"}, transport=t).to_dict()
         assert t.ssh.run(sh("printf", "%s", evil)).stdout == evil
     assert report["models"][1]["name"] == model and report["models"][1]["agreement"]["samples"] > 0
     assert (cache / "runner").is_dir() and (cache / "traces").is_dir() and (cache / "bundles").is_dir()

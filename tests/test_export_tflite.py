@@ -317,7 +317,7 @@ def _reward_line(report: dict[str, Any], model: str) -> tuple[float, str]:
 
 
 def test_cartpole_int8_keeps_the_return_and_onnx_and_tflite_bench_in_one_run(cartpole: Exported) -> None:
-    report = bench(cartpole.bundle, BenchConfig(episodes=EPISODES, latency_samples=200))
+    report = bench(cartpole.bundle, BenchConfig(episodes=EPISODES, latency_samples=200)).to_dict()
     assert report["reference"] == "tflite-fp32"
     rows = {m["name"]: m for m in report["models"]}
     assert list(rows) == [*TFLITE, "onnx-fp32", "onnx-int8"]
@@ -337,7 +337,7 @@ def test_cartpole_int8_keeps_the_return_and_onnx_and_tflite_bench_in_one_run(car
 
 
 def test_pendulum_int8_keeps_98_percent_of_fp32_return(pendulum: Exported) -> None:
-    report = bench(pendulum.bundle, BenchConfig(episodes=EPISODES, latency_samples=100))
+    report = bench(pendulum.bundle, BenchConfig(episodes=EPISODES, latency_samples=100)).to_dict()
     assert report["reference"] == "tflite-fp32"
     drop, line = _reward_line(report, "tflite-int8")
     print("\n" + line)

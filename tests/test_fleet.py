@@ -21,15 +21,12 @@ import pytest
 from conftest import FAST_BENCH, assert_one_error, interruptible
 
 from quarl_edge.bench.fleet import FleetRequest, bench_fleet, partial_file
-from quarl_edge.bench.fleet_report import (
-    EMULATED_NOTE,
-    FLEET_FORMAT,
-    comparison,
-    fleet_markdown,
-    read_fleet_report,
-)
-from quarl_edge.bench.fleet_report import rows as table_rows
-from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench
+from quarl_edge.bench.fleet_result import FLEET_FORMAT, FleetReport
+from quarl_edge.bench.partial import partial_path
+from quarl_edge.bench.report import EMULATED_NOTE, comparison_rows, markdown, parse_report, read_report
+from quarl_edge.bench.result import REPORT_FORMAT, ModelResult
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.errors import InputError
 
 DEVICES = ("local", "local2")
@@ -69,54 +66,58 @@ def fleet(
     return out, {"report": result.report, "seen": seen}
 
 
-def section(report: dict[str, Any], dev: str, model: str) -> dict[str, Any]:
-    return next(m for m in report["reports"][dev]["models"] if m["name"] == model)
+def section(report: FleetReport, dev: str, model: str) -> ModelResult:
+    return report.reports[dev].model(model)
 
 
 def test_a_fleet_report_holds_every_device_on_the_same_seeds(
     fleet: tuple[Path, dict[str, Any]], pendulum_bundle: Path
 ) -> None:
     out, run = fleet
-    report = run["report"]
-    assert report["format"] == FLEET_FORMAT and report["complete"] is True and report["failed"] == {}
-    assert report["devices"] == list(DEVICES) and list(report["reports"]) == list(DEVICES)
-    assert json.loads(out.read_text()) == json.loads(json.dumps(report))  # what was returned is on disk
+    report: FleetReport = run["report"]
+    doc = report.to_dict()
+    assert doc["format"] == FLEET_FORMAT and doc["complete"] is True and doc["failed"] == {}
+    assert doc["devices"] == list(DEVICES) and list(doc["reports"]) == list(DEVICES)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(doc))  # what was returned is on disk
     single = bench(pendulum_bundle, CFG)  # the same bench on one device
     for dev in DEVICES:
-        sec = report["reports"][dev]
-        assert sec["format"] == REPORT_FORMAT and sec["device"]["name"] == dev  # a full report per device
-        assert sec["device"]["machine"] and sec["device"]["runtimes"]["onnxruntime"]  # with its facts
-        assert sec["settings"]["seeds"] == CFG.seeds == report["settings"]["seeds"]
+        sec = report.reports[dev]
+        assert (
+            doc["reports"][dev]["format"] == REPORT_FORMAT and sec.device.name == dev
+        )  # a full report per device
+        assert sec.device.facts["machine"] and sec.device.facts["runtimes"]["onnxruntime"]  # type: ignore[index]
+        assert list(sec.settings.seeds) == CFG.seeds == list(report.settings.seeds)
         assert sorted(run["seen"][dev]) == sorted(CFG.seeds * len(MODELS))  # each model played every seed
-        for m, s in zip(sec["models"], single["models"], strict=True):
-            per_ep = m["reward"]["per_episode"]
+        for m, s in zip(sec.models, single.models, strict=True):
+            per_ep = m.reward.per_episode
             assert len(set(per_ep)) == CFG.episodes  # Pendulum: every seed its own return
-            assert per_ep == s["reward"]["per_episode"]  # the single-device bench's, seed for seed
-            assert m["agreement"] == s["agreement"]
+            assert per_ep == s.reward.per_episode  # the single-device bench's, seed for seed
+            assert m.agreement == s.agreement
     # the partial files are gone once the report is on disk, and nothing else was left beside it
     assert sorted(p.name for p in out.parent.iterdir()) == ["fleet.json", "fleet.md"]
-    assert read_fleet_report(out)["devices"] == list(DEVICES)
+    assert read_report(out) == report  # read back: the same typed report
 
 
 def test_the_comparison_table_per_model_and_device(fleet: tuple[Path, dict[str, Any]]) -> None:
     out, run = fleet
-    report = run["report"]
-    rows = report["comparison"]["rows"]
+    report: FleetReport = run["report"]
+    doc = report.to_dict()
+    rows = doc["comparison"]["rows"]
     assert [(r["model"], r["device"]) for r in rows] == [(m, d) for m in MODELS for d in DEVICES]
     for r in rows:
         m = section(report, r["device"], r["model"])
-        assert r["p50_us"] == m["latency"]["p50_us"] and r["p99_us"] == m["latency"]["p99_us"]
-        assert r["speedup_vs_fp32"] == m["speedup_p50_vs_ref"]  # against that device's own fp32
-        assert r["reward_mean"] == m["reward"]["mean"] and r["emulated"] is False
+        assert m.latency is not None and (r["p50_us"], r["p99_us"]) == (m.latency.p50_us, m.latency.p99_us)
+        assert r["speedup_vs_fp32"] == m.speedup_p50_vs_ref  # against that device's own fp32
+        assert r["reward_mean"] == m.reward.mean and r["emulated"] is False
         if r["model"] == "onnx-fp32":
             assert r["reward_drop_pct"] is None and r["speedup_vs_fp32"] == 1.0
         else:
-            assert r["reward_drop_pct"] == m["drift"]["reward_drop_pct"]
+            assert m.drift is not None and r["reward_drop_pct"] == m.drift.reward_drop_pct
     for model in MODELS:
         group = [r for r in rows if r["model"] == model]
         best = min(group, key=lambda r: r["p50_us"])
         assert [r["device"] for r in group if r["fastest"]] == [best["device"]]
-        assert report["comparison"]["fastest"][model] == best["device"]
+        assert doc["comparison"]["fastest"][model] == best["device"]
     md = out.with_suffix(".md").read_text()
     assert md.startswith("# quarl-edge fleet bench: pendulum-sac")
     assert (
@@ -169,25 +170,69 @@ def test_gate_on_a_fleet_report_passes_and_names_the_device_that_fails(
     assert "| local | onnx-int8 | reward_drop |" in text and text.count("**FAIL**") == 1
 
 
-def test_gate_fails_a_fleet_report_whose_device_did_not_finish(
+def _drop_local2(d: dict[str, Any]) -> None:
+    del d["reports"]["local2"]
+    d["failed"]["local2"] = {"error": "SSH link to local2 dropped", "fix": None, "partial": None}
+    d["complete"] = False
+
+
+def test_gate_refuses_a_fleet_report_whose_device_did_not_finish(
     cli: Any, fleet: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    def drop_local2(d: dict[str, Any]) -> None:
-        del d["reports"]["local2"]
-        d["failed"]["local2"] = {"error": "SSH link to local2 dropped", "fix": None, "partial": None}
-        d["complete"] = False
-
-    incomplete = _edited(out := fleet[0], tmp_path, drop_local2)
+    """An incomplete fleet report is not a verdict on the fleet: exit 2, one line naming the device."""
+    incomplete = _edited(out := fleet[0], tmp_path, _drop_local2)
     assert out.is_file()
     junit = tmp_path / "junit.xml"
-    p = cli("gate", incomplete, "--junit", junit)
-    assert p.returncode == 1, p.stderr
-    assert "FAIL local2: the bench did not finish there (SSH link to local2 dropped)" in p.stderr
-    failed = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
-    assert [(c.get("classname"), c.get("name")) for c in failed] == [("local2", "bench")]
-    # a fleet report naming a device neither finished nor failed cannot be judged
-    line = assert_one_error(cli("gate", _edited(out, tmp_path, lambda d: d["reports"].pop("local2"))))
-    assert "device 'local2' is neither finished nor failed" in line
+    line = assert_one_error(cli("gate", incomplete, "--junit", junit))
+    assert "the fleet report is incomplete: local2 did not finish (SSH link to local2 dropped)" in line
+    assert "--resume" in line and not junit.exists()
+
+
+FLEET_DEFECTS = {
+    "section-removed": (lambda d: d["reports"].pop("local2"), "device 'local2' is neither finished nor failed"),
+    "complete-false": (lambda d: d.update(complete=False), "says complete: false, but no device failed"),
+    "complete-true-with-a-failure": (lambda d: (_drop_local2(d), d.update(complete=True)),
+                                     "says complete: true, but local2 did not finish"),
+    "device-not-in-settings": (lambda d: d["settings"]["threads"].pop("local2"), "its settings name the devices"),
+    "device-listed-twice": (lambda d: d.update(devices=["local", "local2", "local"]), "'local' twice"),
+    "extra-section": (lambda d: d["reports"].update(rpi4=d["reports"]["local"]), "not one of its devices"),
+    "section-of-another-device": (lambda d: d["reports"]["local2"]["device"].update(name="local"),
+                                  "section is a report of 'local'"),
+    "agreement-7-in-a-section": (lambda d: d["reports"]["local2"]["models"][1]["agreement"].update(value=7.0),
+                                 "device 'local2': model onnx-int8 agreement: value is 7, outside [0, 1]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FLEET_DEFECTS))
+def test_gate_refuses_a_fleet_report_that_is_incomplete_or_inconsistent(
+    fleet: tuple[Path, dict[str, Any]], case: str
+) -> None:
+    """Library level, a test per case: each is refused in one line (InputError, the CLI's exit 2)."""
+    edit, expect = FLEET_DEFECTS[case]
+    doc = json.loads(fleet[0].read_text())
+    evaluate(parse_report(doc), GateConfig())  # as written, it is gated
+    edit(doc)
+    with pytest.raises(InputError) as e:
+        evaluate(parse_report(doc, "report 'fleet.json'"), GateConfig())
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_one_gate_and_one_writer_for_one_device_and_a_fleet(fleet: tuple[Path, dict[str, Any]]) -> None:
+    """A fleet of one is gated and written as one device's report always was (no device column); a fleet
+    names the device of every check, in one testsuite per device."""
+    from quarl_edge.gate import check_rows, junit_xml, markdown_summary, verdict_json
+
+    report: FleetReport = fleet[1]["report"]
+    one = FleetReport.of_one(report.reports["local2"])
+    for r, suites, cols in ((one, ["quarl-edge gate pendulum-sac"], 5),
+                            (report, [f"quarl-edge gate pendulum-sac on {d}" for d in DEVICES], 6)):  # fmt: skip
+        checks = evaluate(r, GateConfig(max_p99_ms=1000.0))
+        root = ET.fromstring(junit_xml(r, checks))
+        assert [s.get("name") for s in root.iter("testsuite")] == suites
+        assert {len(row) for row in check_rows(r, checks)} == {cols}
+        assert markdown_summary(r, checks).startswith("## quarl-edge gate: PASS (pendulum-sac")
+        assert verdict_json(r, checks)["passed"] is True
+    assert one.to_dict() == report.reports["local2"].to_dict()  # a fleet of one is written as its report
 
 
 # --- bad input: one line, exit 2, before any work, nothing written ---------------------------------------
@@ -235,8 +280,14 @@ def test_a_fleet_refuses_outputs_that_are_not_its_own(
                                 "--out", out))  # fmt: skip
     assert "the partial results file of local2" in line and "exists and is not a quarl-edge" in line
     assert theirs.read_text() == "my notes\n" and not out.exists() and not partial_file(out, "local").exists()
-    with pytest.raises(InputError, match="a fleet needs two devices"):
-        bench_fleet(FleetRequest(pendulum_bundle, ("local",), CFG))
+    # a fleet of one is a bench on that device: its report is the device's own, beside --out
+    one = bench_fleet(FleetRequest(pendulum_bundle, ("local2",), BenchConfig(episodes=1, latency_samples=5, warmup=1),
+                                   out=tmp_path / "one.json"))  # fmt: skip
+    assert (
+        one.report.single is not None
+        and json.loads((tmp_path / "one.json").read_text())["format"] == REPORT_FORMAT
+    )
+    assert not partial_path(tmp_path / "one.json").exists() and theirs.read_text() == "my notes\n"
 
 
 def test_one_device_failing_its_preflight_stops_the_fleet_before_any_measurement(
@@ -276,22 +327,21 @@ def test_a_single_device_bench_is_unchanged(cli: Any, xdg: Path, pendulum_bundle
 def test_an_emulated_device_is_labelled_and_never_the_fastest_over_a_real_one(
     fleet: tuple[Path, dict[str, Any]],
 ) -> None:
-    report = json.loads(json.dumps(fleet[1]["report"]))
-    report["reports"]["local2"]["device"]["emulated"] = True
-    for m in report["reports"]["local2"]["models"]:  # qemu's time, here the fastest of the two
+    doc = fleet[1]["report"].to_dict()
+    doc["reports"]["local2"]["device"]["emulated"] = True
+    for m in doc["reports"]["local2"]["models"]:  # qemu's time, here the fastest of the two
         m["latency"]["p50_us"] = 0.001
-    rows = comparison(report["devices"], report["reports"])
+    report = parse_report(doc)
+    rows = report.comparison()
     assert {r.device: r.emulated for r in rows} == {"local": False, "local2": True}
     assert all(r.fastest == (r.device == "local") for r in rows)
-    cells = table_rows(report)
+    cells = comparison_rows(report)
     assert [c[1] for c in cells] == ["local", "local2 (emulated)"] * 2
-    assert EMULATED_NOTE in fleet_markdown(report)
-    report["reports"]["local"]["device"]["emulated"] = True  # no real device: the fastest emulated one
-    assert [r.device for r in comparison(report["devices"], report["reports"]) if r.fastest] == ["local2"] * 2
-    report["devices"], report["reports"] = ["local2"], {"local2": report["reports"]["local2"]}
-    assert not any(
-        r.fastest for r in comparison(report["devices"], report["reports"])
-    )  # one is no comparison
+    assert EMULATED_NOTE in markdown(report)
+    doc["reports"]["local"]["device"]["emulated"] = True  # no real device: the fastest emulated one
+    assert [r.device for r in parse_report(doc).comparison() if r.fastest] == ["local2"] * 2
+    one = FleetReport.of_one(report.reports["local2"])
+    assert not any(r.fastest for r in one.comparison())  # one is no comparison
 
 
 def test_ctrl_c_keeps_each_devices_finished_work_and_resume_finishes(
@@ -316,7 +366,9 @@ def test_ctrl_c_keeps_each_devices_finished_work_and_resume_finishes(
             proc.kill()
     assert proc.returncode == 130, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: interrupted; finished work is kept in ") and "--resume" in lines[-1]
+    assert (
+        lines[-1].startswith("error: interrupted; finished episodes are kept in ") and "--resume" in lines[-1]
+    )
     assert all(str(p) in lines[-1] for p in partials) and not out.exists()
     kept = {p: _episodes_kept(p) for p in partials}
     p = cli("bench", *args[1:], "--resume", "--json")

@@ -46,7 +46,9 @@ def test_fleet_of_local_and_a_board_over_ssh_writes_one_report_with_both(
     board = report["reports"][DEV]
     assert board["device"]["transport"] == "ssh" and board["device"]["machine"] == os.uname().machine
     assert board["harness"]["connect_s"] > 0 and report["reports"]["local"]["device"]["transport"] == "local"
-    single = bench(pendulum_bundle, BenchConfig(episodes=3, latency_samples=50))  # one device, the same seeds
+    single = bench(
+        pendulum_bundle, BenchConfig(episodes=3, latency_samples=50)
+    ).to_dict()  # one device, same seeds
     for dev in DEVICES:
         assert report["reports"][dev]["settings"]["seeds"] == [1000, 1001, 1002]
         for name, s in zip(MODELS, single["models"], strict=True):
@@ -123,7 +125,7 @@ def test_a_link_cut_mid_fleet_keeps_the_others_and_resume_finishes_the_board(
     kept = json.loads(partial_file(out, DEV).read_text())["models"]
     assert kept["onnx-fp32"]["run"] is not None and kept["onnx-int8"]["run"] is None
     assert kept["onnx-int8"]["measured"]["latency"]["count"] == 50
-    assert cli("gate", out).returncode == 1  # an incomplete fleet never passes
+    assert cli("gate", out).returncode == 2  # an incomplete fleet is refused: it is no verdict
 
     p = cli("bench", "--bundle", pendulum_bundle, "--device", f"local,{DEV}", "--episodes", str(EPISODES),
             "--latency-samples", "50", "--out", out, "--resume", "--json")  # fmt: skip

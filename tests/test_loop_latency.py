@@ -61,7 +61,8 @@ def test_a_slow_model_at_an_absurd_rate_misses_and_fails_the_gate(
     slow_bundle: Path, cli: Any, tmp_path: Path
 ) -> None:
     cfg = BenchConfig(episodes=2, latency_samples=20, max_steps=15, hz=ABSURD_HZ)
-    report = bench(slow_bundle, cfg)
+    typed = bench(slow_bundle, cfg)
+    report = typed.to_dict()
     assert report["settings"]["hz"] == ABSURD_HZ
     for m in report["models"]:
         loop = m["in_loop"]
@@ -71,7 +72,7 @@ def test_a_slow_model_at_an_absurd_rate_misses_and_fails_the_gate(
         assert loop["over_budget"] > 0 and loop["miss_rate"] > 0, loop
         assert loop["p50_us"] <= loop["p99_us"] <= loop["p999_us"] <= loop["max_us"]
         assert loop["first_call_ms"] == m["first_inference_ms"] > 0
-    path, md = write_report(report, tmp_path / "slow.json")
+    path, md = write_report(typed, tmp_path / "slow.json")
     assert "| loop p99 us | loop p99.9 us | loop max us | miss |" in md.read_text()
     assert "budget of 100000 Hz" in md.read_text() and "First call after load: onnx-fp32" in md.read_text()
     code, out = gate_json(cli, path, "--max-miss-rate", "1%")
@@ -102,7 +103,7 @@ def test_a_resumed_bench_counts_the_kept_episodes(cartpole_bundle: Path, tmp_pat
     kept = json.loads(partial.read_text())["models"]["onnx-int8"]["episodes"]
     assert [len(e["act_ns"]) for e in kept] == [30, 30]
     again = bench(cartpole_bundle, cfg, partial=partial, resume=True)  # nothing left: all from the file
-    assert [m["in_loop"] for m in again["models"]] == [m["in_loop"] for m in first["models"]]
+    assert [m.in_loop for m in again.models] == [m.in_loop for m in first.models]
     data = json.loads(partial.read_text())
     data["models"]["onnx-int8"]["episodes"][0]["act_ns"] = ["x"]
     partial.write_text(json.dumps(data))

@@ -84,7 +84,9 @@ def _has_litert() -> bool:
 
 @pytest.fixture(scope="module")
 def pong_report(pong_bundle: Path) -> dict[str, Any]:
-    return bench(pong_bundle, BenchConfig(episodes=EPISODES, max_steps=MAX_STEPS, latency_samples=100))
+    return bench(
+        pong_bundle, BenchConfig(episodes=EPISODES, max_steps=MAX_STEPS, latency_samples=100)
+    ).to_dict()
 
 
 def test_the_zoo_pong_policy_is_discriminating(pong_bundle: Path, pong_report: dict[str, Any]) -> None:
@@ -137,7 +139,7 @@ def test_a_broken_int8_model_fails_both_checks(pong_bundle: Path, tmp_path: Path
     broken = _break_int8(pong_bundle, tmp_path / "broken")
     agree = agreement(broken, "onnx-int8")
     report = bench(broken, BenchConfig(episodes=EPISODES, max_steps=MAX_STEPS, latency_samples=10,
-                                       models=("onnx-int8",)))  # fmt: skip
+                                       models=("onnx-int8",))).to_dict()  # fmt: skip
     norm = normalized(report, "onnx-int8", random_returns(broken, report["settings"]["seeds"]))
     print(f"\nbroken int8: agreement {agree:.3f}, normalized return {norm:.2f}")
     assert agree < MIN_AGREEMENT and norm < MIN_NORMALIZED

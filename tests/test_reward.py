@@ -34,25 +34,27 @@ def test_int8_keeps_98_percent_of_fp32_return(
         BundleRequest(out=bundle, targets=("onnx-fp32", "onnx-int8"), calibration=calib),
     )
     report = bench(bundle, BenchConfig(episodes=EPISODES, latency_samples=100))
-    fp32, int8 = report["models"]
-    assert (fp32["name"], int8["name"]) == ("onnx-fp32", "onnx-int8")
-    assert fp32["warnings"] == [] and int8["warnings"] == []
+    fp32, int8 = report.models
+    assert (fp32.name, int8.name) == ("onnx-fp32", "onnx-int8")
+    assert fp32.warnings == () and int8.warnings == ()
     # every episode ran on both models, on the same seeds
-    assert fp32["reward"]["episodes"] == int8["reward"]["episodes"] == EPISODES
-    drift = int8["drift"]
-    assert drift["paired_episodes"] == EPISODES
-    drop = drift["reward_drop_pct"] + 0.0  # + 0.0: print -0.0 as 0.0
-    f, q = fp32["reward"]["mean"], int8["reward"]["mean"]
+    assert fp32.reward.episodes == int8.reward.episodes == EPISODES
+    drift = int8.drift
+    assert drift is not None and drift.paired_episodes == EPISODES
+    drop = drift.reward_drop_pct + 0.0  # + 0.0: print -0.0 as 0.0
+    f, q = fp32.reward.mean, int8.reward.mean
+    assert f is not None and q is not None
     # reward_drop_pct is the paired mean drop in % of |fp32 mean|
     assert drop == pytest.approx(100.0 * (f - q) / abs(f), abs=1e-6)
-    lo, hi = drift["rel_ci95"]
-    agree = int8["agreement"]
+    lo, hi = drift.drop_ci95_pct
+    agree = int8.agreement
+    assert agree is not None and lo is not None and hi is not None
+    seeds = report.settings.seeds
     print(
-        f"\n{report['bundle']['policy']} ({report['bundle']['env']}, {EPISODES} paired seeds "
-        f"{report['settings']['seeds'][0]}..{report['settings']['seeds'][-1]}): "
-        f"fp32 mean {f:.2f} ± {fp32['reward']['std']:.2f}, int8 mean {q:.2f} ± {int8['reward']['std']:.2f}, "
-        f"drop {drop:+.3f}% (95% CI [{-100 * hi + 0.0:+.3f}%, {-100 * lo + 0.0:+.3f}%]), "
+        f"\n{report.bundle.policy} ({report.bundle.env}, {EPISODES} paired seeds {seeds[0]}..{seeds[-1]}): "
+        f"fp32 mean {f:.2f} ± {fp32.reward.std:.2f}, int8 mean {q:.2f} ± {int8.reward.std:.2f}, "
+        f"drop {drop:+.3f}% (95% CI [{lo + 0.0:+.3f}%, {hi + 0.0:+.3f}%]), "
         f"int8 keeps {100 - drop:.2f}% of the fp32 return; "
-        f"agreement {agree['metric']} = {agree['value']:.4f}"
+        f"agreement {agree.metric} = {agree.value:.4f}"
     )
     assert drop <= MAX_DROP_PCT, f"int8 loses {drop:.2f}% of the fp32 return (limit {MAX_DROP_PCT}%)"

@@ -61,7 +61,9 @@ def returns(bundle: Path, model: str, seeds: list[int], env_id: str) -> list[flo
 @pytest.mark.parametrize("which", ["cartpole_bundle", "pendulum_bundle"])
 def test_act_earns_the_rewards_of_the_bench_closed_loop(which: str, request: pytest.FixtureRequest) -> None:
     bundle: Path = request.getfixturevalue(which)
-    report = bench(bundle, BenchConfig(episodes=3, seed=7, latency_samples=20, models=("onnx-int8",)))
+    report = bench(
+        bundle, BenchConfig(episodes=3, seed=7, latency_samples=20, models=("onnx-int8",))
+    ).to_dict()
     env_id = report["bundle"]["env"]
     for m in report["models"]:
         assert returns(bundle, m["name"], [7, 8, 9], env_id) == m["reward"]["per_episode"], m["name"]

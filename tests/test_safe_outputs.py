@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import assert_one_error
+from report_json import model_json, report_json
 
-from quarl_edge.bench import device as bench_device
-from quarl_edge.bench.device import bench_on_device
+from quarl_edge.bench import fleet as bench_fleet
+from quarl_edge.bench.fleet import bench_on_device
 from quarl_edge.bench.partial import partial_path
-from quarl_edge.bench.run import REPORT_FORMAT, BenchConfig, bench, local_transport
+from quarl_edge.bench.report import parse_report
+from quarl_edge.bench.run import BenchConfig, bench, local_transport
 from quarl_edge.bundle import WORK_PREFIX, BundleRequest, export_bundle
 from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary, parse_percent
 from quarl_edge.policy.net import load_checkpoint, save_checkpoint
@@ -102,15 +104,10 @@ def _rename(bundle: Path, names: dict[str, str]) -> None:
     (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 
-def _model(name: str, precision: str, drop: float | None = 0.5) -> dict[str, Any]:
-    return {"name": name, "precision": precision, "size_bytes": 100, "latency": {"p99_us": 10.0},
-            "reward": {"mean": 500.0}, "drift": None if drop is None else {"reward_drop_pct": drop},
-            "agreement": None if drop is None else {"value": 0.99}}  # fmt: skip
-
-
-def _report(*models: dict[str, Any], reference: str = "onnx-fp32") -> dict[str, Any]:
-    return {"format": REPORT_FORMAT, "schema_version": 1, "reference": reference, "models": list(models),
-            "bundle": {"policy": "cartpole-ppo"}, "device": {"name": "local"}, "settings": {}}  # fmt: skip
+_model, _report = (
+    model_json,
+    report_json,
+)  # complete reports: the gate reads only valid ones (bench/result.py)
 
 
 NORMAL = _report(_model("onnx-fp32", "fp32", None), _model("onnx-fp16", "fp16"), _model("onnx-int8", "int8"))
@@ -383,7 +380,7 @@ def test_gate_on_an_fp32_only_report_is_unusable_input(cli: Any, tmp_path: Path)
 def test_gate_refuses_duplicate_unknown_and_non_fp32_references(report: dict[str, Any], expect: str) -> None:
     """Defects: a duplicate name let one model go unchecked; a non-fp32 reference passed."""
     with pytest.raises(InputError, match=expect):
-        evaluate(report, GateConfig())
+        evaluate(parse_report(report), GateConfig())
 
 
 @pytest.mark.parametrize("flag", ["--max-reward-drop", "--min-agreement", "--max-p99-ms"])
@@ -417,8 +414,9 @@ def test_a_manifest_whose_int8_is_renamed_onnx_fp32_is_refused(bundle: Path) -> 
 def test_junit_has_one_testcase_per_model_and_check_in_the_xsd_shape() -> None:
     """Defect: JUnit `tests="0"` on nothing checked; the file was string-built (escaping by hand)."""
     cfg = GateConfig(max_reward_drop_pct=2.0, min_agreement=0.9, max_p99_ms=1.0)
-    checks = evaluate(NORMAL, cfg)
-    root = ET.fromstring(junit_xml(NORMAL, checks))
+    normal = parse_report(NORMAL)
+    checks = evaluate(normal, cfg)
+    root = ET.fromstring(junit_xml(normal, checks))
     assert root.tag == "testsuites"
     _check_xsd(root)
     cases = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
@@ -446,7 +444,7 @@ def test_a_report_that_cannot_be_written_keeps_the_partial_and_resume_writes_it(
     """Defect: the .partial.json was deleted before the report was written, so with --out an existing
     folder the finished bench was lost and --resume said "nothing to resume"."""
     calls: list[list[str]] = []
-    monkeypatch.setattr(bench_device, "transport_for", lambda _profile: _counting(calls))
+    monkeypatch.setattr(bench_fleet, "transport_for", lambda _profile: _counting(calls))
     out = tmp_path / "r.json"
     cfg = BenchConfig(episodes=2, latency_samples=20, warmup=1, models=("onnx-int8",))
 
@@ -464,7 +462,7 @@ def test_a_report_that_cannot_be_written_keeps_the_partial_and_resume_writes_it(
     out.rmdir()
     report = bench_on_device(bundle, cfg, out=out, resume=True)
     assert len(calls) == ran  # nothing measured again
-    assert report["resumed"] == {"episodes_kept": 4}
+    assert report.resumed is not None and report.resumed.episodes_kept == 4
     assert json.loads(out.read_text())["models"][1]["name"] == "onnx-int8"
     assert out.with_suffix(".md").is_file() and not partial_path(out).exists()
 
@@ -477,7 +475,7 @@ def test_a_failing_report_write_keeps_the_partial(
     def disk_full(report: Any, path: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(bench_device, "write_report", disk_full)
+    monkeypatch.setattr(bench_fleet, "write_report", disk_full)
     out = tmp_path / "r.json"
     with pytest.raises(QuarlError, match="No space left on device.*kept in .*--resume"):
         bench_on_device(bundle, FAST, out=out)
@@ -556,7 +554,9 @@ def test_export_shows_an_out_path_with_brackets_literally(cli: Any, work: Path) 
 
 
 def test_junit_and_markdown_stay_well_formed_for_any_name() -> None:
-    report = _report(_model("onnx-fp32", "fp32", None), _model("a\"<&>'\x00\x1b[2J\n\ud800", "int8"))
+    report = parse_report(
+        _report(_model("onnx-fp32", "fp32", None), _model("a\"<&>'\x00\x1b[2J\n\ud800", "int8"))
+    )
     checks = [*evaluate(report, GateConfig()), Check("x\n| y", "p99_latency", False, None, 1.0, "m\x01<b>")]
     root = ET.fromstring(junit_xml(report, checks))
     assert [c.get("classname") for c in root.iter("testcase")] == [

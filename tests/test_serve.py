@@ -20,7 +20,10 @@ from quarl_edge.runtimes.serve import decode_obs, encode_obs
 
 def test_env_on_host_locally_plays_the_device_episodes(pendulum_bundle: Path) -> None:
     cfg = BenchConfig(episodes=2, latency_samples=20, max_steps=120)
-    a, b = bench(pendulum_bundle, cfg), bench(pendulum_bundle, replace(cfg, env_on_host=True))
+    a, b = (
+        bench(pendulum_bundle, cfg).to_dict(),
+        bench(pendulum_bundle, replace(cfg, env_on_host=True)).to_dict(),
+    )
     for x, y in zip(a["models"], b["models"], strict=True):
         assert y["reward"]["per_episode"] == x["reward"]["per_episode"]
         assert len(set(y["reward"]["per_episode"])) == 2

@@ -16,6 +16,7 @@ import pytest
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.study._common import Row
 from quarl_edge.study.ptq import StudyConfig, summarize
+from quarl_edge.study.result import PTQStudy
 
 pytestmark = pytest.mark.slow  # a study / workflow end to end: `make test`, not `make test-fast`
 
@@ -151,15 +152,17 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
             conf = _confirm(rows, cfg, task, tmp_path, {entry.name: entry.path}, None)
         finally:
             ray.shutdown()
-    assert [(c["policy"], c["variant"]) for c in conf] == [("cartpole-ppo", "onnx-int8")]  # only the failure
+    assert [(c.policy, c.variant) for c in conf] == [("cartpole-ppo", "onnx-int8")]  # only the failure
     c = conf[0]
-    assert c["episodes"] == 5 and c["fp32_mean"] == 500.0
-    assert c["mean"] == pytest.approx((3 * 100 + 2 * 500) / 5)  # the 2 fresh episodes really ran: 500 each
-    assert c["keeps_reward"] is False
+    assert c.episodes == 5 and c.fp32_mean == 500.0
+    assert c.mean == pytest.approx((3 * 100 + 2 * 500) / 5)  # the 2 fresh episodes really ran: 500 each
+    assert c.keeps_reward is False
     study = summarize(rows, cfg, conf)
-    finding = study["findings"][0]
-    assert finding["keeps_reward"] == {"onnx-int8": False, "tflite-int8": True}
-    assert "onnx-int8" in finding["confirmed"] and study["confirm_episodes"] == 2
+    finding = study.findings[0]
+    assert finding.keeps_reward == {"onnx-int8": False, "tflite-int8": True}
+    assert "onnx-int8" in finding.confirmed and study.confirm_episodes == 2
+    # what is written reads back as the same typed study (and the committed studies load: test_study_results)
+    assert PTQStudy.from_dict(json.loads(json.dumps(study.to_dict())), "ptq.json") == study
     assert "onnx-int8: NO on 3 eps, NO on 5" in markdown(study)
 
 

@@ -103,6 +103,6 @@ def test_qat_scope_names_its_runs_and_the_table_says_which_layers() -> None:
     assert run_name("pendulum-sac", 4, True, "all") == "pendulum-sac-qat4"  # the earlier studies' folders
     assert run_name("pendulum-sac", 4, False, "actor") == "pendulum-sac-qat4-weights-actor"
     study = summarize([], QATStudyConfig(suite="paper", scope="actor"))
-    assert study["qat_scope"] == "actor" and "critics and value heads fp32" in markdown(study)
+    assert study.qat_scope == "actor" and "critics and value heads fp32" in markdown(study)
     with pytest.raises(InputError, match="unknown --qat-scope 'critic'"):
         QATStudyConfig(scope="critic")

@@ -140,11 +140,13 @@ def test_bench_duration_reports_the_sustained_loop(cartpole_bundle: Path, cli: A
 def test_a_resumed_bench_keeps_the_sustained_loop(cartpole_bundle: Path, tmp_path: Path) -> None:
     cfg = BenchConfig(episodes=1, latency_samples=20, max_steps=10, duration_s=0.5, models=("onnx-int8",))
     partial = tmp_path / "r.partial.json"
-    first = bench(cartpole_bundle, cfg, partial=partial)
+    first = bench(cartpole_bundle, cfg, partial=partial).to_dict()
     data = json.loads(partial.read_text())
     for model in data["models"].values():  # as if the link dropped before the episodes finished
         model["run"], model["episodes"] = None, []
     partial.write_text(json.dumps(data))
-    again = bench(cartpole_bundle, cfg, partial=partial, resume=True)  # the episodes again, nothing else
+    again = bench(
+        cartpole_bundle, cfg, partial=partial, resume=True
+    ).to_dict()  # the episodes again, nothing else
     assert [m["sustained"] for m in again["models"]] == [m["sustained"] for m in first["models"]]
     assert np.all([m["reward"]["per_episode"] == [10.0] for m in again["models"]])

@@ -227,7 +227,8 @@ def test_bench_on_the_board_writes_nothing_outside_the_cache_folder(
             device={"name": on_board},
             transport=t,
         )
-    assert report["models"][0]["latency"]["count"] == 20
+    latency = report.models[0].latency
+    assert latency is not None and latency.count == 20
     outside = [c for c in changed(before, board.snapshot()) if not c.startswith(CACHE)]
     assert outside in ([], [".cache"]), outside
     assert not (board.home / ".cache" / "Microsoft").exists()

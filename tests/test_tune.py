@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from quarl_edge.bench.report import parse_report
 from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
@@ -42,7 +43,7 @@ def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(
     assert report["format"] == "quarl-edge/report" and report["tune"]["choice"]["name"] == choice.name
     assert report["tune"]["schema_version"] == 1 and report["tune"]["format"] == "quarl-edge/tune"
     checks = (
-        evaluate(report, GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct))
+        evaluate(parse_report(report), GateConfig(max_reward_drop_pct=cfg.max_reward_drop_pct))
         if choice.name != result.reference
         else []
     )

@@ -59,7 +59,7 @@ def assert_ships_what_it_measured(out: Path, result: TuneResult) -> dict[str, An
     assert {m.name: m.sha256 for m in candidates.models if m.name in shipped} == shipped
     s = report["settings"]
     fresh = bench(out / "bundle", BenchConfig(episodes=s["episodes"], seed=s["seeds"][0], threads=s["threads"],
-                                              latency_samples=0, models=(block.choice.name,)))  # fmt: skip
+                                              latency_samples=0, models=(block.choice.name,))).to_dict()  # fmt: skip
     rewards = {m["name"]: (m["reward"]["seeds"], m["reward"]["per_episode"]) for m in report["models"]}
     assert {m["name"]: (m["reward"]["seeds"], m["reward"]["per_episode"]) for m in fresh["models"]} == rewards
     return report

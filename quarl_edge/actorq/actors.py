@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
+from quarl_edge.actorq.result import RoleTime, Throughput
 
 ACTOR_FIELDS = ("inference", "env_step", "record", "weight_pull", "deserialize", "weight_load", "idle")
 LEARNER_FIELDS = (
@@ -50,10 +53,11 @@ class LapTimer:
         """User + system CPU seconds of this process (all its threads) since the timer started."""
         return time.process_time() - self.cpu_start
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> RoleTime:
         wall = time.perf_counter() - self.start
-        return {"wall_s": wall, "seconds": dict(self.seconds), "sum_s": sum(self.seconds.values()),
-                "cpu_s": self.cpu_s()}  # fmt: skip
+        return RoleTime(
+            wall_s=wall, seconds=dict(self.seconds), sum_s=sum(self.seconds.values()), cpu_s=self.cpu_s()
+        )
 
 
 class Actor:
@@ -157,7 +161,7 @@ class Actor:
             info["evidence"] = int8_evidence(self.runtime, self._last_model)
         return info
 
-    def benchmark(self, boxes: dict[str, list[Any]], calls: int | None = None) -> dict[str, Any]:
+    def benchmark(self, boxes: dict[str, list[Any]], calls: int | None = None) -> Throughput:
         """Inference throughput of each broadcast payload in this actor's process (one thread, batch 1)."""
         import ray
 
@@ -168,7 +172,7 @@ class Actor:
         obs = self.rng.standard_normal((64, n_obs)).astype(np.float32)
         models = {p: x.model for p, x in payloads.items()}
         runtimes = {p: x.runtime for p, x in payloads.items()}
-        return {"actor": self.actor_id, **inference_throughput(models, obs, calls, runtimes=runtimes)}
+        return replace(inference_throughput(models, obs, calls, runtimes=runtimes), actor=self.actor_id)
 
 
 class ContinuousActor(Actor):

@@ -25,6 +25,7 @@ from quarl_edge.actorq.actors import ContinuousActor
 from quarl_edge.actorq.broadcast import Squash
 from quarl_edge.actorq.checkpoint import Part
 from quarl_edge.actorq.loop import LOG_VERSION, ActorQArgs, OnChunk, run
+from quarl_edge.actorq.result import ActorQLog
 from quarl_edge.runtimes.errors import InputError
 
 __all__ = ["LOG_VERSION", "Actor", "Args", "Critic", "D4PGLearner", "ReplayBuffer", "project", "train"]
@@ -302,6 +303,6 @@ class D4PGLearner:
                             "atoms": len(self.support), "source": self.support_source}}  # fmt: skip
 
 
-def train(args: Args, on_chunk: OnChunk | None = None) -> dict[str, Any]:
+def train(args: Args, on_chunk: OnChunk | None = None) -> ActorQLog:
     """Run ActorQ D4PG; returns the log also written to ``args.out / 'log.json'``."""
     return run(args, D4PGLearner, on_chunk)

@@ -21,6 +21,7 @@ from quarl_edge.actorq.actors import Actor
 from quarl_edge.actorq.broadcast import Squash
 from quarl_edge.actorq.checkpoint import Part
 from quarl_edge.actorq.loop import LOG_VERSION, ActorQArgs, OnChunk, run
+from quarl_edge.actorq.result import ActorQLog
 from quarl_edge.runtimes.errors import InputError
 
 __all__ = ["ALGOS", "LOG_VERSION", "Args", "DQNLearner", "QNetwork", "ReplayBuffer", "train"]
@@ -164,7 +165,7 @@ class DQNLearner:
         return {}
 
 
-def train(args: Args, on_chunk: OnChunk | None = None) -> dict[str, Any]:
+def train(args: Args, on_chunk: OnChunk | None = None) -> ActorQLog:
     """Run ActorQ DQN; returns the log also written to ``args.out / 'log.json'``.
 
     ``on_chunk(env_steps, actor_handles)`` is called after every received batch (tests kill actors).

@@ -15,7 +15,8 @@ proportional to CPU time, so a ratio of two estimates (fp32 over int8) does not 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from quarl_edge.actorq.result import Energy
 
 RAPL_ROOT = Path("/sys/class/powercap")
 WATTS_PER_BUSY_CORE = 5.0
@@ -71,16 +72,16 @@ class EnergyMeter:
             self.last = now
         return self.measured_j
 
-    def report(self, cpu_s: dict[str, float], wall_s: float) -> dict[str, Any]:
+    def report(self, cpu_s: dict[str, float], wall_s: float) -> Energy:
         """The log's ``energy`` entry: source, joules, wall time, CPU seconds per role."""
         total = sum(cpu_s.values())
-        return {
-            "source": self.source,
-            "joules": self.joules(total),
-            "wall_s": wall_s,
-            "cpu_s": cpu_s,
-            "cpu_s_total": total,
-            "assumption": None if self.source == "rapl" else ASSUMPTION,
-            "scope": "RAPL package counters (the whole machine)" if self.source == "rapl"
+        return Energy(
+            source=self.source,
+            joules=self.joules(total),
+            wall_s=wall_s,
+            cpu_s=cpu_s,
+            cpu_s_total=total,
+            assumption=None if self.source == "rapl" else ASSUMPTION,
+            scope="RAPL package counters (the whole machine)" if self.source == "rapl"
             else "learner and actor processes; Ray's own processes not counted",
-        }  # fmt: skip
+        )  # fmt: skip

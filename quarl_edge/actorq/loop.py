@@ -17,7 +17,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -28,11 +28,12 @@ from quarl_edge.actorq import checkpoint
 from quarl_edge.actorq.actors import LEARNER_FIELDS, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, Squash, quantize_broadcast
 from quarl_edge.actorq.energy import EnergyMeter
+from quarl_edge.actorq.result import LOG_VERSION, ActorQLog, CurvePoint, RoleTime, RuntimeChoice
 from quarl_edge.actorq.sessions import check_runtime
 from quarl_edge.actorq.throughput import actor_throughput, choose_runtime
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.typed import items, load, to_json
 
-LOG_VERSION = 1
 OnChunk = Callable[[int, list[Any]], None]
 """``on_chunk(env_steps, actor_handles)``: called after every received batch (tests kill actors)"""
 
@@ -205,7 +206,7 @@ def _check_resume_args(args: ActorQArgs, ckpt: Path) -> None:
 
 def run(
     args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnChunk | None = None
-) -> dict[str, Any]:
+) -> ActorQLog:
     """Run ActorQ with the learner ``make_learner(args, n_obs, action_space)``; returns the log also
     written to ``args.out / 'log.json'``."""
     args.validate()
@@ -223,7 +224,7 @@ def run(
 
 
 def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnChunk | None, ray: Any,
-         RayActorError: type[BaseException]) -> dict[str, Any]:  # fmt: skip
+         RayActorError: type[BaseException]) -> ActorQLog:  # fmt: skip
     from quarl_edge.policy.registry import make
 
     random.seed(args.seed)
@@ -235,8 +236,10 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
     probe.close()
     learner = make_learner(args, n_obs, action_space)
     rb = learner.replay
-    global_step, updates, version, curve, events = 0, 0, 0, [], []
-    resumed_choice: dict[str, Any] | None = None
+    global_step, updates, version = 0, 0, 0
+    curve: list[CurvePoint] = []
+    events: list[dict[str, Any]] = []
+    resumed_choice: RuntimeChoice | None = None
     wall_before = 0.0  # a resumed run's wall seconds before its checkpoint: curve times continue from there
     ckpt = args.out / "checkpoint"
     if args.resume and (ckpt / "state.json").is_file():
@@ -244,9 +247,8 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         state, replay = checkpoint.load(ckpt, learner.parts())
         rb.add_batch(replay)
         global_step, updates, version = state["global_step"], state["updates"], state["version_broadcast"]
-        curve = state.get("curve", [])
-        wall_before = float(state.get("wall_s", curve[-1]["wall_s"] if curve else 0.0))
-        resumed_choice = state.get("actor_runtime")  # the runtime auto chose before: kept for the whole run
+        curve, resumed_choice = _resumed(state, ckpt)  # the runtime auto chose before: kept for the whole run
+        wall_before = float(state.get("wall_s", curve[-1].wall_s if curve else 0.0))
         events.append({"event": "resumed", "env_steps": global_step, "wall_s": round(wall_before, 3)})
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -280,30 +282,30 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
 
     def save_checkpoint() -> None:
         state = {"version": LOG_VERSION, "global_step": global_step, "updates": updates,
-                 "version_broadcast": version, "curve": curve, "args": _args_json(args),
-                 "actor_runtime": runtime_choice, "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
+                 "version_broadcast": version, "curve": to_json(curve), "args": _args_json(args),
+                 "actor_runtime": to_json(runtime_choice), "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
         checkpoint.save(ckpt, learner.parts(), rb.arrays(), state)
 
     payload_bytes: list[int] = []
-    actor_reports: dict[int, dict[str, Any]] = {}
-    runtime_choice: dict[str, Any] = resumed_choice or {"chosen": runtime, "why": "--actor-runtime"}
-    runtime = runtime_choice["chosen"]
+    actor_reports: dict[int, RoleTime] = {}
+    runtime_choice = resumed_choice or RuntimeChoice(runtime)
+    runtime = runtime_choice.chosen
     try:
         actors = [start_actor() for _ in range(args.actors)]
         slot_ids = list(range(args.actors))
         if runtime == "auto":
             weights, squash = learner.policy()
             runtime_choice = choose_runtime(actors[0], weights, args.actor_precision, calibration(), squash)
-            runtime = runtime_choice["chosen"]
+            runtime = runtime_choice.chosen
         box = broadcast()
         timer = LapTimer(LEARNER_FIELDS)
         meter = EnergyMeter()
-        joules_before = curve[-1].get("energy_j", 0.0) if curve else 0.0  # a resumed run's earlier part
+        joules_before = (curve[-1].energy_j or 0.0) if curve else 0.0  # a resumed run's earlier part
         start_wall = time.perf_counter()
-        events.append({"event": "actor_runtime", **runtime_choice})
+        events.append({"event": "actor_runtime", **to_json(runtime_choice)})
 
         def cpu_s() -> dict[str, float]:  # per role: the learner's own, each actor's last report
-            return {"learner": timer.cpu_s(), **{f"actor{k}": v.get("cpu_s", 0.0)
+            return {"learner": timer.cpu_s(), **{f"actor{k}": v.cpu_s or 0.0
                                                  for k, v in sorted(actor_reports.items())}}  # fmt: skip
 
         def submit(slot: int) -> Any:
@@ -323,7 +325,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
                 dead = slot_ids[slot]
                 events.append({"event": "actor_died", "actor": dead, "env_steps": global_step,
                                "error": type(e).__name__})  # fmt: skip
-                actor_reports.setdefault(dead, {})["died"] = True
+                actor_reports[dead] = replace(actor_reports.get(dead, RoleTime()), died=True)
                 actors[slot] = start_actor()
                 slot_ids[slot] = next_id - 1
                 if submitted < args.steps:
@@ -337,12 +339,12 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
             n_new = batch["env_steps"]  # D4PG's n-step transitions are not one per env step
             global_step += n_new
             wall = time.perf_counter() - start_wall
-            actor_reports[batch["actor_id"]] = {**batch["breakdown"], "version": batch["version"]}
+            actor_reports[batch["actor_id"]] = replace(batch["breakdown"], version=batch["version"])
             joules = meter.joules(sum(cpu_s().values()))  # so far, for the energy to a target return
             for ret, length in batch["episodes"]:
-                curve.append({"wall_s": round(wall_before + wall, 4), "env_steps": global_step, "return": ret,
-                              "length": length, "actor": batch["actor_id"],
-                              "energy_j": round(joules_before + joules, 3)})  # fmt: skip
+                curve.append(CurvePoint(wall_s=round(wall_before + wall, 4), env_steps=global_step, ret=ret,
+                                        length=length, actor=batch["actor_id"],
+                                        energy_j=round(joules_before + joules, 3)))  # fmt: skip
             if on_chunk is not None:
                 on_chunk(global_step, actors)
             timer.lap("bookkeeping")
@@ -372,7 +374,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         learner_report = timer.report()
         energy = meter.report(cpu_s(), time.perf_counter() - start_wall)
         if events and events[0]["event"] == "resumed":  # these figures cover the part since the resume
-            energy["since_resume"], energy["joules_before_resume"] = True, joules_before
+            energy = replace(energy, since_resume=True, joules_before_resume=joules_before)
         calib = calibration()
         weights, squash = learner.policy()
         throughput = actor_throughput(actors[0], weights, args.actor_precision, calib, squash, runtime)
@@ -384,28 +386,29 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
 
     weights, squash = learner.policy()
     fp32_bytes = quantize_broadcast(weights, "fp32", None, version, squash, runtime).nbytes
-    log = {
-        "version": LOG_VERSION,
-        "args": _args_json(args),
-        "env_steps": global_step,
-        "learner_updates": updates,
-        **learner.summary(),
-        "actor_runtime": runtime_choice,
-        "broadcasts": len(payload_bytes),
-        "payload_bytes": {args.actor_precision: payload_bytes[-1], "fp32": fp32_bytes},
-        "startup_s": {"ray_init": ray_init_s},
-        "inference_throughput": throughput,
-        "energy": energy,
-        "breakdown": {
-            "learner": learner_report,
-            **{f"actor{k}": v for k, v in sorted(actor_reports.items())},
-        },
-        "curve": curve,
-        "events": events,
-    }
-    checkpoint.write_json(args.out / "log.json", log)
+    log = ActorQLog(
+        args=_args_json(args), env_steps=global_step, learner_updates=updates, learner=learner.summary(),
+        actor_runtime=runtime_choice, broadcasts=len(payload_bytes),
+        payload_bytes={args.actor_precision: payload_bytes[-1], "fp32": fp32_bytes}, startup_s={"ray_init": ray_init_s},
+        inference_throughput=throughput, energy=energy,
+        breakdown={"learner": learner_report, **{f"actor{k}": v for k, v in sorted(actor_reports.items())}},
+        curve=tuple(curve), events=tuple(events),
+    )  # fmt: skip
+    checkpoint.write_json(args.out / "log.json", log.to_dict())
     from quarl_edge.actorq.plots import plot_breakdown, plot_curve
 
     plot_breakdown(log, args.out / "breakdown.png")
     plot_curve(log, args.out / "curve.png")
     return log
+
+
+def _resumed(state: dict[str, Any], ckpt: Path) -> tuple[list[CurvePoint], RuntimeChoice | None]:
+    """A checkpoint's curve and runtime choice, checked (a damaged checkpoint is one line)."""
+    where = f"checkpoint {str(ckpt)!r}"
+
+    def read() -> tuple[list[CurvePoint], RuntimeChoice | None]:
+        curve = [CurvePoint.from_dict(p, f"{where} curve") for p in items(state.get("curve") or [], where)]
+        choice = state.get("actor_runtime")
+        return curve, None if choice is None else RuntimeChoice.from_dict(choice, f"{where} actor_runtime")
+
+    return load(read, where, "delete the checkpoint folder to start the run afresh")

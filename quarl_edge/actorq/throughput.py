@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from quarl_edge.actorq.result import RuntimeChoice, Throughput
 from quarl_edge.actorq.sessions import open_model
 
 
@@ -24,7 +26,7 @@ def inference_throughput(
     calls: int | None = None,
     rounds: int = 5,
     runtimes: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Throughput:
     """Batch-1 calls per second per model, and each model's ratio over the one labelled ``fp32``
     (``int8/fp32``). ``runtimes`` maps a label to its runtime (default: onnx for every model).
 
@@ -47,14 +49,10 @@ def inference_throughput(
             for r in rows:
                 run(r)
             per_round[p].append(calls / (time.perf_counter() - t))
-    out: dict[str, Any] = {
-        "calls_per_s": {p: statistics.median(v) for p, v in per_round.items()},
-        "calls": calls,
-    }
-    if "fp32" in out["calls_per_s"]:
-        base = out["calls_per_s"]["fp32"]
-        out["ratio_vs_fp32"] = {f"{p}/fp32": v / base for p, v in out["calls_per_s"].items() if p != "fp32"}
-    return out
+    calls_per_s = {p: statistics.median(v) for p, v in per_round.items()}
+    base = calls_per_s.get("fp32")
+    ratios = {f"{p}/fp32": v / base for p, v in calls_per_s.items() if p != "fp32"} if base else {}
+    return Throughput(calls_per_s=calls_per_s, calls=calls, ratio_vs_fp32=ratios)
 
 
 def actor_throughput(
@@ -64,15 +62,15 @@ def actor_throughput(
     calib_obs: np.ndarray | None,
     squash: Any = None,
     runtime: str = "onnx",
-) -> dict[str, Any]:
+) -> Throughput:
     """Time fp32, int8 and the run's ``precision`` of the final weights on the run's ``runtime`` inside
     one live Ray actor."""
     variants = {p: (p, runtime) for p in dict.fromkeys(("fp32", "int8", precision))}
-    return {"runtime": runtime, **_in_actor(handle, variants, state_dict, calib_obs, squash)}
+    return replace(_in_actor(handle, variants, state_dict, calib_obs, squash), runtime=runtime)
 
 
 def _in_actor(handle: Any, variants: dict[str, tuple[str, str]], state_dict: dict[str, Any],
-              calib_obs: np.ndarray | None, squash: Any) -> dict[str, Any]:  # fmt: skip
+              calib_obs: np.ndarray | None, squash: Any) -> Throughput:  # fmt: skip
     """Each labelled (precision, runtime) payload of the weights, timed side by side in a live Ray actor."""
     import ray
 
@@ -89,19 +87,15 @@ def choose_runtime(
     precision: str,
     calib_obs: np.ndarray | None,
     squash: Any = None,
-) -> dict[str, Any]:
+) -> RuntimeChoice:
     """``--actor-runtime auto``: the payload at ``precision`` on every installed runtime, timed side by side
     inside one live Ray actor; the fastest is ``chosen``."""
     from quarl_edge.actorq.sessions import available_runtimes
 
     runtimes = available_runtimes()
     if len(runtimes) == 1:
-        return {"chosen": runtimes[0], "calls_per_s": {}, "why": "the only actor runtime installed"}
+        return RuntimeChoice(runtimes[0], {}, "the only actor runtime installed")
     variants = {r: (precision, r) for r in runtimes}
-    measured = _in_actor(handle, variants, state_dict, calib_obs, squash)["calls_per_s"]
-    chosen = max(measured, key=measured.get)
-    return {
-        "chosen": chosen,
-        "calls_per_s": measured,
-        "why": f"fastest {precision} actor measured at the start",
-    }
+    measured = dict(_in_actor(handle, variants, state_dict, calib_obs, squash).calls_per_s)
+    chosen = max(measured, key=lambda r: measured[r])
+    return RuntimeChoice(chosen, measured, f"fastest {precision} actor measured at the start")

@@ -12,48 +12,56 @@ from typing import Any
 
 import numpy as np
 
+from quarl_edge.bench.result import LinkTiming, Percentiles
+from quarl_edge.bench.transport import Event
 from quarl_edge.devices.link import PolicyLink
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.runner import EpisodeResult, run_episodes
 from quarl_edge.runtimes.spec import EnvConfig
 
 
 def host_episodes(env_cfg: EnvConfig, link: PolicyLink, discrete: bool, seeds: list[int], max_steps: int | None,
-                  on_episode: Callable[[dict[str, Any]], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    """Closed-loop episodes with the env here and the policy on the device; the episodes (as the runner
-    reports them) and the link's timing: the device's inference alone, the round trip, their difference."""
+                  on_episode: Callable[[Event], None]) -> LinkTiming:  # fmt: skip
+    """Closed-loop episodes (the runner's run_episodes) with the env here and the policy on the device, each
+    reported to ``on_episode`` as the runner reports it; the link's timing: the device's inference alone,
+    the round trip, their difference."""
+    act_us: list[float] = []
+    rtt_us: list[float] = []
+
+    def act(obs: np.ndarray) -> Any:
+        t0 = time.perf_counter_ns()
+        action, device_us = link.act(obs, discrete)
+        rtt_us.append((time.perf_counter_ns() - t0) / 1000.0)
+        act_us.append(device_us)
+        return action
+
+    def done(e: EpisodeResult) -> None:
+        on_episode(episode_json(e))
+
     env = make_env(env_cfg)
-    episodes, act_us, rtt_us = [], [], []
-    try:
-        for seed in seeds:
-            obs, _ = env.reset(seed=int(seed))
-            ret, steps, nonfinite, error = 0.0, 0, 0, None
-            try:
-                while True:
-                    obs = np.asarray(obs)
-                    if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
-                        nonfinite += 1
-                    t0 = time.perf_counter_ns()
-                    action, device_us = link.act(obs, discrete)
-                    rtt_us.append((time.perf_counter_ns() - t0) / 1000.0)
-                    act_us.append(device_us)
-                    obs, reward, terminated, truncated, _ = env.step(action)
-                    ret, steps = ret + float(reward), steps + 1
-                    if terminated or truncated or (max_steps is not None and steps >= max_steps):
-                        break
-            except QuarlError:
-                raise  # the link or the device failed: not this episode's doing
-            except Exception as e:  # a broken episode is reported, the bench goes on (as on the device)
-                error = f"{type(e).__name__}: {e}"
-            ep = {"seed": int(seed), "ret": ret, "length": steps, "nonfinite_obs": nonfinite, "error": error}
-            episodes.append(ep)
-            on_episode(ep)
+    try:  # the link or the device failing (QuarlError) is not an episode's doing: it ends the bench
+        run_episodes(env, act, seeds, max_steps=max_steps, on_episode=done, reraise=(QuarlError,))
     finally:
         env.close()
-    stats = {"where": "env on the host, policy on the device", "steps": len(rtt_us)}
-    if rtt_us:
-        a50, a99 = (float(x) for x in np.percentile(act_us, [50, 99]))
-        r50, r99 = (float(x) for x in np.percentile(rtt_us, [50, 99]))
-        stats.update(policy_us={"p50": a50, "p99": a99}, round_trip_us={"p50": r50, "p99": r99},
-                     link_us_p50=max(r50 - a50, 0.0))  # fmt: skip
-    return episodes, stats
+    if not rtt_us:
+        return LinkTiming(where=WHERE, steps=0)
+    a50, a99 = (float(x) for x in np.percentile(act_us, [50, 99]))
+    r50, r99 = (float(x) for x in np.percentile(rtt_us, [50, 99]))
+    return LinkTiming(
+        where=WHERE, steps=len(rtt_us), policy_us=Percentiles(a50, a99), round_trip_us=Percentiles(r50, r99),
+        link_us_p50=max(r50 - a50, 0.0))  # fmt: skip
+
+
+def episode_json(e: EpisodeResult) -> Event:
+    """An episode as the runner reports it (its JSON event), without the act() times it does not keep."""
+    return {
+        "seed": e.seed,
+        "ret": e.ret,
+        "length": e.length,
+        "nonfinite_obs": e.nonfinite_obs,
+        "error": e.error,
+    }
+
+
+WHERE = "env on the host, policy on the device"

@@ -13,17 +13,23 @@ import datetime as _dt
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.bench.device_run import MAX_EPISODES, DeviceRun, Episode
+from quarl_edge.bench.result import LinkTiming
+from quarl_edge.bench.transport import Event
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json
+from quarl_edge.typed import items, load, obj, optional, to_json
 
 PARTIAL_FORMAT = "quarl-edge/bench-partial"
 PARTIAL_VERSION = 1
+RESUME_FIX = "delete it and run the bench without --resume"
+DEVICE_FIX = "run the bench again; if it repeats, the device's runner is not quarl-edge's"
 
 
 def partial_path(report: str | os.PathLike[str]) -> Path:
@@ -32,71 +38,59 @@ def partial_path(report: str | os.PathLike[str]) -> Path:
     return report.with_name(f"{report.stem}.partial.json")
 
 
+@dataclass(frozen=True)
+class PartialKey:
+    """What a resumed bench must share with the interrupted one: the bundle, the device, the settings
+    (compared as they are written, JSON)."""
+
+    bundle_manifest_sha256: str
+    device: str
+    models: tuple[str, ...]
+    seeds: tuple[int, ...]
+    threads: int
+    latency_samples: int
+    warmup: int
+    max_steps: int | None
+    trace_sha256: str | None
+    env_on_host: bool
+    hz: float | None
+    duration_s: float | None
+
+
 class BenchInterrupted(QuarlError):
     """The bench stopped part-way; what finished is kept in the partial file."""
 
 
 @dataclass
 class ModelProgress:
-    measured: dict[str, Any] | None = None
-    """the runner's measured event (a ModelRun without episodes), kept from the first run"""
-    episodes: list[dict[str, Any]] = field(default_factory=list)
-    run: dict[str, Any] | None = None
+    measured: DeviceRun | None = None
+    """the runner's measured event (a run without episodes), kept from the first run"""
+    episodes: list[Episode] = field(default_factory=list)
+    run: DeviceRun | None = None
     """the complete, merged run once the model is done"""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"measured": self.measured, "episodes": self.episodes, "run": self.run}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "partial bench file") -> ModelProgress:
         """Validated: a tampered file is refused here (one line), not half-used later."""
-        fix = "delete it and run the bench without --resume"
-        d = schema.obj(d, f"{where} model", fix)
-        episodes = d.get("episodes") or []
-        if not isinstance(episodes, list) or len(episodes) > 1_000_000:
-            raise InputError(f"{where}: a model's episodes are not a list", fix)
-        for e in episodes:
-            e = schema.obj(e, f"{where} episode", fix)
-            schema.integer(e.get("seed"), f"{where} episode seed", fix, 0)
-            if e.get("ret") is not None:
-                schema.number(e["ret"], f"{where} episode return", fix, finite=False)
-            _check_act_ns(e.get("act_ns"), f"{where} episode act_ns", fix)
-        measured, run = (_check_run(d.get(k), f"{where} {k}", fix) for k in ("measured", "run"))
-        return cls(measured=measured, episodes=list(episodes), run=run)
+
+        def read() -> ModelProgress:
+            m = obj(d, f"{where} model")
+            episodes = items(m.get("episodes") or [], f"{where} episodes", MAX_EPISODES)
+            return cls(measured=optional(DeviceRun.from_dict)(m.get("measured"), f"{where} measured"),
+                       episodes=[Episode.from_dict(e, f"{where} episode") for e in episodes],
+                       run=optional(DeviceRun.from_dict)(m.get("run"), f"{where} run"))  # fmt: skip
+
+        return load(read, where, RESUME_FIX)
 
 
-# the fields of a runner's measured event / merged run that the report is built from
-_RUN_TEXT = ("format", "precision", "runtime")
-_RUN_NUMBERS = ("threads", "size_bytes", "load_ms", "first_inference_ms", "peak_rss_mb")
+@dataclass(frozen=True)
+class Missing:
+    """What an unfinished model still lacks."""
 
-
-def _check_run(v: Any, where: str, fix: str) -> dict[str, Any] | None:
-    if v is None:
-        return None
-    run = schema.obj(v, where, fix)
-    for k in _RUN_TEXT:
-        schema.text(run.get(k), f"{where} {k}", fix, 256)
-    for k in _RUN_NUMBERS:
-        schema.number(run.get(k), f"{where} {k}", fix)
-    for k in ("latency", "in_loop", "sustained"):
-        if run.get(k) is not None:
-            schema.obj(run[k], f"{where} {k}", fix)
-    for k in ("episodes", "replay_actions"):
-        if run.get(k) is not None and not isinstance(run[k], list):
-            raise InputError(f"{where} {k} is not a list", fix)
-    for e in run.get("episodes") or []:
-        _check_act_ns(schema.obj(e, f"{where} episode", fix).get("act_ns"), f"{where} episode act_ns", fix)
-    return run
-
-
-def _check_act_ns(v: Any, where: str, fix: str) -> None:
-    """An episode's act() times (bench --hz): null, or a list of nanosecond counts."""
-    if v is None:
-        return
-    if not isinstance(v, list) or len(v) > 10_000_000:
-        raise InputError(f"{where} is not a list", fix)
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**62 for t in v):
-        raise InputError(f"{where} holds something other than nanosecond counts", fix)
+    status: str
+    """not measured (latency too) or partly measured (episodes only)"""
+    seeds: list[int]
+    latency: bool
 
 
 @dataclass
@@ -104,7 +98,7 @@ class PartialBench:
     """Progress of one bench: what each model has finished, saved to ``path`` (None: kept in memory)."""
 
     path: Path | None
-    key: dict[str, Any]
+    key: PartialKey
     """what must match for a resume: bundle, device and settings"""
     seeds: list[int]
     models: dict[str, ModelProgress]
@@ -113,15 +107,13 @@ class PartialBench:
 
     @classmethod
     def start(
-        cls, path: Path | None, key: dict[str, Any], names: Sequence[str], seeds: Sequence[int]
+        cls, path: Path | None, key: PartialKey, names: Sequence[str], seeds: Sequence[int]
     ) -> PartialBench:
         state = cls(path, key, list(seeds), {n: ModelProgress() for n in names})
         return state
 
     @classmethod
-    def resume(
-        cls, path: Path, key: dict[str, Any], names: Sequence[str], seeds: Sequence[int]
-    ) -> PartialBench:
+    def resume(cls, path: Path, key: PartialKey, names: Sequence[str], seeds: Sequence[int]) -> PartialBench:
         if not path.is_file():
             raise InputError(
                 f"nothing to resume: {str(path)!r} does not exist", "run the bench without --resume"
@@ -129,7 +121,8 @@ class PartialBench:
         data = read_artifact(path, PARTIAL_FORMAT, PARTIAL_VERSION, "partial bench file",
                              "delete it and run the bench without --resume")  # fmt: skip
         old = schema.obj(data.get("key") or {}, "partial bench file key", "run the bench without --resume")
-        diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+        now = to_json(key)
+        diff = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
         if diff:
             raise InputError(
                 f"{str(path)!r} was made with other {', '.join(diff)} than this bench",
@@ -151,58 +144,61 @@ class PartialBench:
     # -- progress -----------------------------------------------------------------------------------
 
     def seeds_left(self, name: str) -> list[int]:
-        done = {e["seed"] for e in self.models[name].episodes}
+        done = {e.seed for e in self.models[name].episodes}
         return [s for s in self.seeds if s not in done]
 
-    def on_event(self, name: str, ev: dict[str, Any]) -> None:
+    def on_event(self, name: str, ev: Event, where: str = "the runner") -> None:
+        """Keep a runner's measured event or finished episode (checked: it comes from the device)."""
         m = self.models[name]
         kind = ev.get("event")
         if kind == "measured" and m.measured is None:  # a resumed run re-sends one without latency
-            m.measured = ev["run"]
+            m.measured = load(
+                lambda: DeviceRun.from_dict(ev.get("run"), f"{where}: {name}"), where, DEVICE_FIX
+            )
         elif kind == "episode" and ev.get("seed") in self.seeds:
-            m.episodes = [e for e in m.episodes if e["seed"] != ev["seed"]]
-            m.episodes.append({k: v for k, v in ev.items() if k not in ("event", "model")})
+            episode = load(lambda: Episode.from_dict(ev, f"{where}: {name} episode"), where, DEVICE_FIX)
+            m.episodes = [e for e in m.episodes if e.seed != episode.seed] + [episode]
         else:
             return
         self.save()
 
-    def finish(self, name: str, result: dict[str, Any] | None) -> dict[str, Any]:
-        """Merge what was kept with the runner's ``result`` (None: nothing was left to run)."""
+    def finish(self, name: str, result: DeviceRun | None, link: LinkTiming | None = None) -> DeviceRun:
+        """Merge what was kept with the runner's ``result`` (None: nothing was left to run); ``link``: the
+        link's timing of `bench --env-on-host`, kept beside the device's own measurements."""
         m = self.models[name]
         base = m.measured or result
         if base is None:
             raise QuarlError(f"no measurements for {name!r} to finish", "run the bench without --resume")
-        by_seed = {e["seed"]: e for e in m.episodes}
-        for e in (result or {}).get("episodes", []):
-            by_seed[e["seed"]] = e
-        run = dict(base)
-        run["episodes"] = [by_seed[s] for s in self.seeds if s in by_seed]
+        by_seed = {e.seed: e for e in m.episodes}
+        for e in result.episodes if result else ():
+            by_seed[e.seed] = e
         runs = [r for r in (m.measured, result) if r]
-        run["peak_rss_mb"] = max(float(r.get("peak_rss_mb") or 0.0) for r in runs)
-        run["torch_imported"] = any(bool(r.get("torch_imported")) for r in runs)
-        m.run, m.episodes = run, run["episodes"]
+        run = replace(base, episodes=tuple(by_seed[s] for s in self.seeds if s in by_seed),
+                      peak_rss_mb=max(r.peak_rss_mb for r in runs), torch_imported=any(r.torch_imported for r in runs),
+                      env_on_host=link or base.env_on_host)  # fmt: skip
+        m.run, m.episodes = run, list(run.episodes)
         self.save()
         return run
 
     # -- reporting ----------------------------------------------------------------------------------
 
-    def missing(self) -> dict[str, Any]:
+    def missing(self) -> dict[str, Missing]:
         """Per unfinished model: what is still to be measured."""
-        out: dict[str, Any] = {}
+        out: dict[str, Missing] = {}
         for name, m in self.models.items():
             if m.run is not None:
                 continue
             if m.measured is None:
-                out[name] = {"status": "not measured", "seeds": self.seeds_left(name), "latency": True}
+                out[name] = Missing("not measured", self.seeds_left(name), latency=True)
             else:
-                out[name] = {"status": "partly measured", "seeds": self.seeds_left(name), "latency": False}
+                out[name] = Missing("partly measured", self.seeds_left(name), latency=False)
         return out
 
     def summary(self) -> str:
         parts = []
         for name, miss in self.missing().items():
-            left = len(miss["seeds"])
-            if miss["status"] == "not measured":
+            left = len(miss.seeds)
+            if miss.status == "not measured":
                 parts.append(f"{name} (everything)")
             else:
                 parts.append(f"{name} ({left} of {len(self.seeds)} episodes)")
@@ -223,10 +219,10 @@ class PartialBench:
                 "format": PARTIAL_FORMAT,
                 "schema_version": PARTIAL_VERSION,
                 "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "key": self.key,
-                "missing": self.missing(),
+                "key": to_json(self.key),
+                "missing": to_json(self.missing()),
                 "error": self.error,
-                "models": {n: m.to_dict() for n, m in self.models.items()},
+                "models": {n: to_json(m) for n, m in self.models.items()},
             },
         )
 

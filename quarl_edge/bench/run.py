@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,20 +22,36 @@ from typing import Any
 import numpy as np
 
 from quarl_edge import __version__
-from quarl_edge.bench.partial import PartialBench
+from quarl_edge.bench.device_run import DeviceRun
+from quarl_edge.bench.env_on_host import host_episodes
+from quarl_edge.bench.partial import DEVICE_FIX, PartialBench, PartialKey
+from quarl_edge.bench.result import (
+    EXACT_MATCH,
+    FIX,
+    RANGE_MATCH,
+    Agreement,
+    BenchReport,
+    BundleInfo,
+    Device,
+    Harness,
+    LinkTiming,
+    ModelResult,
+    Resumed,
+    Reward,
+    Settings,
+)
 from quarl_edge.bench.transport import Event, Transport, local_transport
+from quarl_edge.devices.link import local_link
 from quarl_edge.devices.preflight import check_ready
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.loop import check_hz, in_loop_stats
+from quarl_edge.runtimes.loop import InLoopStats, check_hz, in_loop_stats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
 from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
-from quarl_edge.stats import mean_ci95, mean_std
-
-REPORT_FORMAT = "quarl-edge/report"
-REPORT_VERSION = 1
+from quarl_edge.stats import drift_scale, mean_std, paired_drift
+from quarl_edge.typed import load
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,12 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
     return args
 
 
-def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | None) -> dict[str, Any] | None:
+def _agreement(
+    manifest: Manifest, ref: Sequence[Any] | None, other: Sequence[Any] | None
+) -> Agreement | None:
+    """Agreement with fp32 on the trace's states (None without a trace); in [0, 1]: a continuous action's
+    error counts at most its dimension's whole range, and a non-finite action as that whole range (a model
+    that answers NaN disagrees, it is not left out)."""
     if ref is None or other is None:
         return None
     pairs = [(a, b) for a, b in zip(ref, other, strict=True) if a is not None and b is not None]
@@ -111,79 +132,54 @@ def _agreement(manifest: Manifest, ref: list[Any] | None, other: list[Any] | Non
     space = manifest.policy.action_space
     if space.is_discrete:
         match = float(np.mean([int(a) == int(b) for a, b in pairs]))
-        return {"metric": "exact_match_rate", "value": match, "samples": len(pairs)}
+        return Agreement(EXACT_MATCH, match, samples=len(pairs))
     a = np.asarray([p[0] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
     b = np.asarray([p[1] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
     low, high = bounds(space)
     rng = (high - low).reshape(-1)
     rng = np.where(np.isfinite(rng) & (rng > 0), rng, 1.0)
-    mad = float(np.mean(np.abs(a - b) / rng))
-    return {
-        "metric": "1 - mean_abs_diff/action_range",
-        "value": 1.0 - mad,
-        "mean_abs_diff_rel": mad,
-        "samples": len(pairs),
-    }
+    with np.errstate(invalid="ignore"):
+        err = np.minimum(np.nan_to_num(np.abs(a - b) / rng, nan=1.0, posinf=1.0), 1.0)
+    mad = float(np.mean(err))
+    return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs))
 
 
-def _reward(run: dict[str, Any]) -> dict[str, Any]:
-    rets = [e["ret"] for e in run["episodes"] if e.get("error") is None and e.get("ret") is not None]
+def _returns(run: DeviceRun) -> list[float | None]:
+    """Each episode's return in seed order; None for one that failed or whose return is not finite."""
+    return [e.ret if e.finished else None for e in run.episodes]
+
+
+def _reward(run: DeviceRun) -> Reward:
+    rets = [r for r in _returns(run) if r is not None]
     m, s = mean_std(rets)
-    return {
-        "mean": m,
-        "std": s,
-        "episodes": len(rets),
-        "per_episode": [e.get("ret") for e in run["episodes"]],
-        "seeds": [e.get("seed") for e in run["episodes"]],
-    }
+    return Reward(mean=m if rets else None, std=s if rets else None, episodes=len(rets),
+                  per_episode=tuple(e.ret for e in run.episodes), seeds=tuple(e.seed for e in run.episodes))  # fmt: skip
 
 
-def _drift(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
-    diffs = [
-        b["ret"] - a["ret"]
-        for a, b in zip(ref["episodes"], run["episodes"], strict=True)
-        if a.get("error") is None
-        and b.get("error") is None
-        and a.get("ret") is not None
-        and b.get("ret") is not None
-    ]
-    if not diffs:
-        return None
-    ref_mean = _reward(ref)["mean"]
-    m, lo, hi = mean_ci95(diffs)
-    scale = abs(ref_mean) if ref_mean and math.isfinite(ref_mean) else math.nan
-    rel = m / scale if scale == scale and scale > 0 else 0.0 if m == 0 else math.nan
-    return {
-        "paired_episodes": len(diffs),
-        "abs": m,
-        "abs_ci95": [lo, hi],
-        "rel": rel,
-        "rel_ci95": [lo / scale, hi / scale] if scale == scale and scale > 0 else [math.nan, math.nan],
-        "reward_drop_pct": -100.0 * rel,
-    }
-
-
-def _warnings(run: dict[str, Any]) -> list[str]:
+def _warnings(run: DeviceRun, unit_scale: bool) -> list[str]:
     out = []
-    nonfinite = sum(e.get("nonfinite_obs", 0) for e in run["episodes"])
+    nonfinite = sum(e.nonfinite_obs for e in run.episodes)
     if nonfinite:
         out.append(f"{nonfinite} non-finite (NaN/inf) observations during episodes")
-    if run.get("replay_nonfinite_obs"):
-        out.append(f"{run['replay_nonfinite_obs']} non-finite observations in the trace were skipped")
-    for e in run["episodes"]:
-        if e.get("error"):
-            out.append(f"episode seed {e['seed']} failed: {e['error']}")
-    if run.get("torch_imported"):
+    if run.replay_nonfinite_obs:
+        out.append(f"{run.replay_nonfinite_obs} non-finite observations in the trace were skipped")
+    for e in run.episodes:
+        if e.error:
+            out.append(f"episode seed {e.seed} failed: {e.error}")
+        elif e.ret is None:
+            out.append(f"episode seed {e.seed} returned a return that is not a finite number: left out")
+    if unit_scale:
+        out.append("the fp32 mean return is 0: the drop is in % of one reward unit (stats.drift_scale)")
+    if run.torch_imported:
         out.append("the runner imported torch or tensorflow (it must not on a device)")
-    return out + sustained_warnings(run.get("sustained"))
+    return out + sustained_warnings(None if run.sustained is None else run.sustained.to_dict())
 
 
-def _in_loop(run: dict[str, Any], hz: float | None) -> dict[str, Any] | None:
+def _in_loop(run: DeviceRun, hz: float | None) -> InLoopStats | None:
     """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
     if hz is None:
         return None
-    stats = in_loop_stats((e.get("act_ns") for e in run["episodes"]), hz, run.get("first_inference_ms"))
-    return stats.to_dict() if stats else None
+    return in_loop_stats((e.act_ns for e in run.episodes), hz, run.first_inference_ms)
 
 
 def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntry]:
@@ -216,46 +212,34 @@ def board_preflight(
     return lambda facts, nbytes: check_ready(manifest, facts, where, names, on_board, nbytes)
 
 
-def partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: str) -> dict[str, Any]:
+def partial_key(bundle: Path, cfg: BenchConfig, names: list[str], device: str) -> PartialKey:
     """What a resumed bench must share with the interrupted one."""
-    return {
-        "bundle_manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
-        "device": device,
-        "models": names,
-        "seeds": cfg.seeds,
-        "threads": cfg.threads,
-        "latency_samples": cfg.latency_samples,
-        "warmup": cfg.warmup,
-        "max_steps": cfg.max_steps,
-        "trace_sha256": sha256_file(cfg.trace) if cfg.trace else None,
-        "env_on_host": cfg.env_on_host,
-        "hz": cfg.hz,
-        "duration_s": cfg.duration_s,
-    }
+    return PartialKey(bundle_manifest_sha256=sha256_file(bundle / MANIFEST_NAME), device=device, models=tuple(names),
+                      seeds=tuple(cfg.seeds), threads=cfg.threads, latency_samples=cfg.latency_samples,
+                      warmup=cfg.warmup, max_steps=cfg.max_steps,
+                      trace_sha256=sha256_file(cfg.trace) if cfg.trace else None, env_on_host=cfg.env_on_host,
+                      hz=cfg.hz, duration_s=cfg.duration_s)  # fmt: skip
 
 
-def bundle_info(bundle: Path, manifest: Manifest) -> dict[str, Any]:
+def bundle_info(bundle: Path, manifest: Manifest) -> BundleInfo:
     """The report's ``bundle``: where it was, its manifest's sha256, and the policy it holds."""
-    return {
-        "path": str(bundle),
-        "manifest_sha256": sha256_file(bundle / MANIFEST_NAME),
-        "policy": manifest.policy.name,
-        "env": manifest.policy.env.id,
-        "algo": manifest.policy.algo,
-    }
+    return BundleInfo(path=str(bundle), manifest_sha256=sha256_file(bundle / MANIFEST_NAME),
+                      policy=manifest.policy.name, env=manifest.policy.env.id, algo=manifest.policy.algo)  # fmt: skip
 
 
 def bench(
     bundle: str | Path,
     cfg: BenchConfig,
     *,
-    device: dict[str, Any] | None = None,
+    device: Device | Mapping[str, object] | None = None,
     transport: Transport = local_transport,
     progress: Callable[[Event], None] | None = None,
     partial: Path | None = None,
     resume: bool = False,
-) -> dict[str, Any]:
-    """Run every model on the same seeds; return the report (JSON-able dict).
+) -> BenchReport:
+    """Run every model on the same seeds; return the report. ``device``: the profile's name, transport
+    and whether it is emulated (the transport adds the facts the device reports about itself); a mapping of
+    those fields is read as one (tune/ passes its device that way).
 
     ``partial``: keep finished work in this file as it arrives; it is left in place, for the caller to
     remove once the report is safely on disk (bench.device.bench_on_device does), so a report that
@@ -266,25 +250,31 @@ def bench(
     manifest, names, ref = plan(bundle, cfg)
     if resume and partial is None:
         raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
-    device = dict(device or {"name": "local", "emulated": False})
-    key = partial_key(bundle, cfg, names, str(device.get("name", "local")))
+    stub = (
+        device
+        if isinstance(device, Device)
+        else load(
+            lambda: Device.from_dict(dict(device or {"name": "local"}), "the device"), "the device", FIX
+        )
+    )
+    key = partial_key(bundle, cfg, names, stub.name)
     if partial is not None and resume:
         state = PartialBench.resume(partial, key, names, cfg.seeds)
     else:
         state = PartialBench.start(partial, key, names, cfg.seeds)
     startup: dict[str, float] = {}
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, DeviceRun] = {}
     try:
         prepare = getattr(transport, "prepare", None)
         if prepare is not None:  # a board: checked for what this bench needs before any upload
             prepare(
                 bundle,
                 cfg.trace,
-                preflight=board_preflight(manifest, cfg, names, str(device.get("name") or "the device")),
+                preflight=board_preflight(manifest, cfg, names, stub.name),
             )
         if cfg.env_on_host and cfg.seeds:
             make_env(manifest.policy.env).close()  # the env runs here: a missing package stops it now
-        device.update(getattr(transport, "device_facts", None) or {})
+        facts = getattr(transport, "device_facts", None) or {}
         for name in names:
             runs[name] = _run_model(name, cfg, bundle, manifest, transport, state, progress, startup)
             if progress:
@@ -293,65 +283,49 @@ def bench(
         if not state.has_progress():
             raise
         raise state.interrupted(e) from e
-    ref_run = runs[ref.name]
-    models = []
-    for name in names:
-        run = runs[name]
-        lat, ref_lat = run.get("latency"), ref_run.get("latency")
-        models.append(
-            {
-                "name": name,
-                "format": run["format"],
-                "precision": run["precision"],
-                "runtime": run["runtime"],
-                "toolchain": manifest.model(
-                    name
-                ).toolchain,  # converter, quantizer, runtime it was checked with
-                "threads": run["threads"],
-                "size_bytes": run["size_bytes"],
-                "size_ratio_vs_ref": ref_run["size_bytes"] / run["size_bytes"] if run["size_bytes"] else None,
-                "load_ms": run["load_ms"],
-                "first_inference_ms": run["first_inference_ms"],
-                "peak_rss_mb": run["peak_rss_mb"],
-                "latency": lat,
-                "speedup_p50_vs_ref": (ref_lat["p50_us"] / lat["p50_us"])
-                if lat and ref_lat and lat["p50_us"]
-                else None,
-                "reward": _reward(run),
-                "drift": None if name == ref.name else _drift(ref_run, run),
-                "agreement": None
-                if name == ref.name
-                else _agreement(manifest, ref_run.get("replay_actions"), run.get("replay_actions")),
-                "warnings": _warnings(run),
-                "env_on_host": run.get("env_on_host"),
-                "in_loop": _in_loop(run, cfg.hz),
-                "sustained": run.get("sustained"),
-            }
-        )
-    return {
-        "format": REPORT_FORMAT,
-        "schema_version": REPORT_VERSION,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "tool_version": __version__,
-        "bundle": bundle_info(bundle, manifest),
-        "device": device,
-        "settings": {
-            "episodes": cfg.episodes,
-            "seeds": cfg.seeds,
-            "threads": cfg.threads,
-            "latency_samples": cfg.latency_samples,
-            "warmup": cfg.warmup,
-            "hz": cfg.hz,
-            "duration_s": cfg.duration_s,
-        },
-        "reference": ref.name,
-        "models": models,
-        "harness": {
-            **(getattr(transport, "harness", None) or {"transport": "local"}),
-            "runner_startup_s": startup,
-        },
-        "resumed": {"episodes_kept": state.resumed_episodes} if resume else None,
-    }
+    where = f"the runner on {stub.name}"
+    # the profile's name, transport and emulation stand; the device's own facts fill in the rest
+    dev = load(lambda: Device.from_dict({**facts, **stub.to_dict()}, "the device's facts"), where, FIX)
+    harness = {**(getattr(transport, "harness", None) or {"transport": "local"}), "runner_startup_s": startup}
+    return load(lambda: BenchReport(
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+        bundle=bundle_info(bundle, manifest),
+        device=dev,
+        settings=Settings(episodes=cfg.episodes, seeds=tuple(cfg.seeds), threads=cfg.threads,
+                          latency_samples=cfg.latency_samples, warmup=cfg.warmup, hz=cfg.hz, duration_s=cfg.duration_s),
+        reference=ref.name,
+        models=tuple(_model_result(name, runs[name], runs[ref.name], manifest, cfg, name == ref.name, where)
+                     for name in names),
+        harness=Harness.from_dict(harness, "the transport's harness"),
+        resumed=Resumed(state.resumed_episodes) if resume else None,
+    ), where, "run the bench again; if it repeats, the device's runner is not quarl-edge's")  # fmt: skip
+
+
+def _model_result(name: str, run: DeviceRun, ref_run: DeviceRun, manifest: Manifest, cfg: BenchConfig,
+                  is_ref: bool, where: str) -> ModelResult:  # fmt: skip
+    """One model's results from its runner's (and the reference's) run: what the device sent is checked here."""
+    lat, ref_lat = run.latency, ref_run.latency
+    ref_rets, rets = _returns(ref_run), _returns(run)
+    drift = None if is_ref else paired_drift(ref_rets, rets)
+    paired = [a for a, b in zip(ref_rets, rets, strict=True) if a is not None and b is not None]
+    unit = bool(paired) and drift_scale(sum(paired) / len(paired)) != abs(sum(paired) / len(paired))
+    try:
+        return ModelResult(
+            name=name, format=run.format, precision=run.precision, runtime=run.runtime,
+            toolchain=manifest.model(name).toolchain,  # converter, quantizer, runtime it was checked with
+            threads=run.threads, size_bytes=run.size_bytes,
+            size_ratio_vs_ref=ref_run.size_bytes / run.size_bytes if run.size_bytes else None,
+            load_ms=run.load_ms, first_inference_ms=run.first_inference_ms, peak_rss_mb=run.peak_rss_mb,
+            latency=lat,
+            speedup_p50_vs_ref=ref_lat.p50_us / lat.p50_us if lat and ref_lat and lat.p50_us else None,
+            reward=_reward(run), drift=drift,
+            agreement=None if is_ref else _agreement(manifest, ref_run.replay_actions, run.replay_actions),
+            warnings=tuple(_warnings(run, unit and drift is not None)),
+            env_on_host=run.env_on_host, in_loop=_in_loop(run, cfg.hz), sustained=run.sustained,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"{where}: model {name}: {e}") from None
 
 
 def _run_model(
@@ -363,7 +337,7 @@ def _run_model(
     state: PartialBench,
     progress: Callable[[Event], None] | None,
     startup: dict[str, float],
-) -> dict[str, Any]:
+) -> DeviceRun:
     """One model through the runner (only its missing seeds on a resume); the merged run."""
     kept = state.models[name]
     if kept.run is not None:
@@ -373,37 +347,32 @@ def _run_model(
     if measured and not seeds:
         return state.finish(name, None)
     on_board = [] if cfg.env_on_host else seeds
-    result: dict[str, Any] | None = None
+    result = None
     if not (measured and not on_board):
         result = _runner_result(name, cfg, bundle, transport, on_board, measured, state, progress, startup)
     link = None
-    if cfg.env_on_host and seeds:
-        result = dict(result or {})
-        result["episodes"], link = _episodes_on_host(
-            name, cfg, bundle, manifest, transport, seeds, state, progress
-        )
-    run = state.finish(name, result)
-    if link is not None:  # the link's timing, kept beside the device's own measurements
-        run["env_on_host"] = link
-        state.save()
-    return run
+    if cfg.env_on_host and seeds:  # its episodes are kept in ``state`` as they finish
+        link = _episodes_on_host(name, cfg, bundle, manifest, transport, seeds, state, progress)
+    return state.finish(name, result, link)
 
 
 def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transport, seeds: list[int], measured: bool,
                    state: PartialBench, progress: Callable[[Event], None] | None,
-                   startup: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    result: dict[str, Any] | None = None
+                   startup: dict[str, float]) -> DeviceRun:  # fmt: skip
+    result: DeviceRun | None = None
+    where = "the device's runner"
     t0 = time.perf_counter()
     for ev in transport(bundle, _runner_args(cfg, name, seeds, measured)):
         kind = ev.get("event")
         if kind == "start" and name not in startup:
             startup[name] = time.perf_counter() - t0
-        if kind == "result":
-            result = ev["result"]
+        if kind == "result":  # what the device sent: checked here, before anything uses it
+            sent = ev.get("result")
+            result = load(lambda: DeviceRun.from_dict(sent, f"{where}: {name}"), where, DEVICE_FIX)  # noqa: B023
         elif kind == "error":
             raise QuarlError(ev.get("message", "runner failed"))
         else:
-            state.on_event(name, ev)
+            state.on_event(name, ev, where)
             if progress:
                 progress(ev)
     if result is None:
@@ -412,14 +381,11 @@ def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transpo
 
 
 def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manifest, transport: Transport, seeds: list[int],
-                      state: PartialBench, progress: Callable[[Event], None] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    from quarl_edge.bench.env_on_host import host_episodes
-    from quarl_edge.devices.link import local_link
-
+                      state: PartialBench, progress: Callable[[Event], None] | None) -> LinkTiming:  # fmt: skip
     opener = getattr(transport, "policy_link", None)
     link = opener(bundle, name, cfg.threads) if opener is not None else local_link(bundle, name, cfg.threads)
 
-    def on_episode(ep: dict[str, Any]) -> None:
+    def on_episode(ep: Event) -> None:
         ev = {"event": "episode", "model": name, **ep}
         state.on_event(name, ev)
         if progress:
@@ -441,7 +407,3 @@ def finite_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
     return obj
-
-
-def model_names(report: dict[str, Any]) -> Sequence[str]:
-    return [m["name"] for m in report.get("models", [])]

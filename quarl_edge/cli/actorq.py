@@ -55,20 +55,20 @@ def actorq(
     args.validate()  # before Ray starts
     log = learner.train(args)  # type: ignore[arg-type]
     if as_json:
-        print_json(log)
+        print_json(log.to_dict())
         return
-    returns = [p["return"] for p in log["curve"][-10:]]
+    returns = [p.ret for p in log.curve[-10:]]
     mean = sum(returns) / len(returns) if returns else float("nan")
-    info(f"{log['env_steps']} env steps, {log['learner_updates']} updates, last-10 mean return {mean:.1f}")
-    ratios = ", ".join(
-        f"{k} {v:.2f}x" for k, v in log["inference_throughput"].get("ratio_vs_fp32", {}).items()
-    )
-    choice = log["actor_runtime"]
-    info(f"actor runtime {choice['chosen']} ({choice['why']}); per-actor inference throughput on it "
-         f"{ratios or 'fp32 only'}")  # fmt: skip
-    e = log["energy"]
-    roles = ", ".join(f"{k} {v:.1f}" for k, v in e["cpu_s"].items())
-    info(f"energy {e['joules']:.0f} J ({e['source']}) over {e['wall_s']:.1f} s wall; CPU s: {roles}")
-    if e["assumption"]:
-        info(e["assumption"])
-    info(f"payload {log['payload_bytes']}; wrote {out}/log.json, breakdown.png, curve.png")
+    info(f"{log.env_steps} env steps, {log.learner_updates} updates, last-10 mean return {mean:.1f}")
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in log.inference_throughput.ratio_vs_fp32.items())
+    if log.actor_runtime is not None:
+        choice = log.actor_runtime
+        info(f"actor runtime {choice.chosen} ({choice.why}); per-actor inference throughput on it "
+             f"{ratios or 'fp32 only'}")  # fmt: skip
+    if log.energy is not None:
+        e = log.energy
+        roles = ", ".join(f"{k} {v:.1f}" for k, v in e.cpu_s.items())
+        info(f"energy {e.joules:.0f} J ({e.source}) over {e.wall_s:.1f} s wall; CPU s: {roles}")
+        if e.assumption:
+            info(e.assumption)
+    info(f"payload {dict(log.payload_bytes)}; wrote {out}/log.json, breakdown.png, curve.png")

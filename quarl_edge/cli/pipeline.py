@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -25,11 +25,7 @@ from quarl_edge.cli._options import (
     out_option,
     overrides,
 )
-from quarl_edge.cli._output import handle_errors, info, print_json, progress_bar, progress_bars, table
-
-if TYPE_CHECKING:
-    from quarl_edge.bench.run import BenchConfig
-    from quarl_edge.gate import GateConfig
+from quarl_edge.cli._output import handle_errors, info, print_json, progress_bars, table
 
 MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
 
@@ -203,62 +199,34 @@ def bench(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Latency, size, memory and paired-seed reward drift of every model in a bundle, here or on a device."""
-    from quarl_edge.bench.device import bench_on_device, model_count
-    from quarl_edge.bench.report import columns, print_lines, rows
+    from quarl_edge.bench.device import model_count
+    from quarl_edge.bench.fleet import FleetRequest, bench_fleet, parse_devices
+    from quarl_edge.bench.report import printed
     from quarl_edge.bench.run import BenchConfig
+    from quarl_edge.bench.transport import Event
     from quarl_edge.runtimes.sustained import parse_duration
 
     cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
                       max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
                       duration_s=None if duration is None else parse_duration(duration), env_on_host=env_on_host)  # fmt: skip
-    if "," in device:  # a fleet: every device at once, one report (bench/fleet.py)
-        flags = overrides(host, user, port, identity)
-        _bench_fleet(
-            bundle, cfg, device, flags, out, resume, threads_given=threads is not None, as_json=as_json
-        )
-        return
-    with progress_bar("bench", model_count(bundle, cfg) * (episodes + 1)) as advance:
-
-        def on_event(ev: dict[str, Any]) -> None:
-            if ev.get("event") in ("episode", "latency"):
-                advance(f"bench {ev.get('model', '')}")
-
-        report = bench_on_device(bundle, cfg, device, overrides(host, user, port, identity), out, resume,
-                                 progress=on_event, log=info, threads_given=threads is not None)  # fmt: skip
-    before, title, after = print_lines(report, out)
-    for label, line in before:
-        info(line, label=label, style="yellow")
-    if as_json:
-        print_json(report)
-        return
-    table(title, columns(report), rows(report))
-    for line in after:
-        info(line)
-
-
-def _bench_fleet(bundle: Path, cfg: BenchConfig, devices: str, flags: dict[str, Any], out: Path | None, resume: bool,
-                 threads_given: bool, as_json: bool) -> None:  # fmt: skip
-    from quarl_edge.bench.device import model_count
-    from quarl_edge.bench.fleet import FleetRequest, bench_fleet, parse_devices
-    from quarl_edge.bench.fleet_report import COLUMNS, print_lines, rows
-
-    req = FleetRequest(bundle, parse_devices(devices), cfg, threads_given, out, resume)
+    # one device is a fleet of one (bench/fleet.py): every device at once, one report
+    req = FleetRequest(bundle, parse_devices(device), cfg, threads is not None, out, resume)
     per_device = model_count(bundle, cfg) * (cfg.episodes + 1)
     with progress_bars(dict.fromkeys(req.devices, per_device)) as advance:
 
-        def on_event(dev: str, ev: dict[str, Any]) -> None:
+        def on_event(dev: str, ev: Event) -> None:
             if ev.get("event") in ("episode", "latency"):
                 advance(dev, f"{dev} {ev.get('model', '')}")
 
-        result = bench_fleet(req, flags, progress=on_event, log=info)
-    before, title, after = print_lines(result.report, out)
-    for label, line in before:
+        result = bench_fleet(req, overrides(host, user, port, identity), progress=on_event, log=info)
+    shown = printed(result.report, out)
+    for label, line in shown.before:
         info(line, label=label, style="yellow")
     if as_json:
-        print_json(result.report)
+        print_json(result.report.to_dict())
     else:
-        table(title, COLUMNS, rows(result.report))
-        for line in after:
+        table(shown.title, shown.columns, shown.rows)
+        for line in shown.after:
             info(line)
     error = result.error(out)
     if error is not None:
@@ -266,7 +234,7 @@ def _bench_fleet(bundle: Path, cfg: BenchConfig, devices: str, flags: dict[str, 
 
 
 def gate(
-    report: Annotated[Path, typer.Argument(help="bench report .json")],
+    report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet)")],
     max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="e.g. 2%")] = "2%",
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
@@ -277,55 +245,36 @@ def gate(
 ) -> None:  # fmt: skip
     """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
     A fleet report (`bench --device a,b`): every device's models, each failure naming its device."""
-    from quarl_edge.bench.fleet_report import is_fleet_report
     from quarl_edge.bench.report import read_report
-    from quarl_edge.gate import GateConfig, check_rows, evaluate, parse_percent, write_outputs
+    from quarl_edge.gate import (
+        GateConfig,
+        check_columns,
+        check_rows,
+        evaluate,
+        parse_percent,
+        verdict_json,
+        write_outputs,
+    )
     from quarl_edge.tune.verify import check_tune_json
 
     cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms,
                      max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate))  # fmt: skip
-    if is_fleet_report(report):
-        _gate_fleet(report, cfg, junit, markdown, as_json)
-        return
     data = read_report(report)
     check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
     checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
     if as_json:
-        print_json({"passed": not failed, "checks": [c.__dict__ for c in checks]})
+        print_json(verdict_json(data, checks))
     else:
-        table(f"gate {report}", ["model", "check", "value", "limit", "result"], check_rows(checks))
+        table(f"gate {report}", check_columns(data), check_rows(data, checks))
     for c in failed:
         info(c.message, label="FAIL", style="bold red")
     if failed:
         raise typer.Exit(1)
-    info("every quantized model is within the thresholds", label="PASS", style="bold green")
-
-
-def _gate_fleet(
-    path: Path, cfg: GateConfig, junit: Path | None, markdown: Path | None, as_json: bool
-) -> None:
-    from quarl_edge.bench.fleet_report import read_fleet_report
-    from quarl_edge.gate import evaluate_fleet, fleet_check_rows, fleet_failures, write_fleet_outputs
-
-    fleet = read_fleet_report(path)
-    verdicts = evaluate_fleet(fleet, cfg)
-    write_fleet_outputs(fleet, verdicts, junit, markdown, reads=[("report", path)])
-    failures = fleet_failures(verdicts)
-    if as_json:
-        print_json({"passed": not failures, "devices": {v.device: {"passed": v.passed, "error": v.error,
-                    "checks": [c.__dict__ for c in v.checks]} for v in verdicts}})  # fmt: skip
-    else:
-        columns = ["device", "model", "check", "value", "limit", "result"]
-        table(f"gate {path}", columns, fleet_check_rows(verdicts))
-    for message in failures:
-        info(message, label="FAIL", style="bold red")
-    if failures:
-        raise typer.Exit(1)
-    info(f"every quantized model is within the thresholds on every device ({', '.join(fleet['devices'])})",
-         label="PASS", style="bold green")  # fmt: skip
+    where = f" on every device ({', '.join(data.devices)})" if len(data.devices) > 1 else ""
+    info(f"every quantized model is within the thresholds{where}", label="PASS", style="bold green")
 
 
 def demo(

@@ -30,12 +30,12 @@ def register(app: typer.Typer) -> None:
     app.add_typer(study_app, name="study")
 
 
-def _show(study: dict[str, Any], files: list[Path], as_json: bool, title: str, module: Any) -> None:
+def _show(study: Any, files: list[Path], as_json: bool, title: str, module: Any) -> None:
     """The studies' common output: JSON alone on stdout, or the table and the files written."""
     if as_json:
-        print_json(study)
+        print_json(study.to_dict())
         return
-    episodes = f", {study['episodes']} paired episodes" if "episodes" in study else ""
+    episodes = f", {study.episodes} paired episodes" if hasattr(study, "episodes") else ""
     table(title + episodes, module.COLUMNS, module.table_rows(study))
     info("wrote " + ", ".join(str(f) for f in files))
 

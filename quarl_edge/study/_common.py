@@ -1,8 +1,9 @@
 """The studies' shared core: one Ray session helper, one validation of suites, episodes and bit widths,
-env availability, the typed result row, and one writer for the JSON / Markdown / CSV tables.
+env availability, the row a study fills in as it runs, and one writer for the JSON / Markdown / CSV tables.
 
-Every study has the same two calls: ``run_study(config, progress=None) -> study`` (a JSON-able dict,
-the committed format) and ``write_outputs(study, out) -> files``.
+Every study has the same two calls: ``run_study(config, progress=None) -> study`` (a typed result,
+study/result.py or the ActorQ study's; its JSON is the committed format) and ``write_outputs(study, out)
+-> files``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +21,9 @@ import numpy as np
 
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
-from quarl_edge.stats import mean_ci95, mean_std
+from quarl_edge.stats import mean_std, paired_drift
+from quarl_edge.study.result import VariantResult, variant_result
+from quarl_edge.typed import to_json
 
 Progress = Callable[[str], None]
 MIN_BITS, MAX_BITS = 2, 8
@@ -114,39 +116,34 @@ class Row:
     note: str | None = None
     """shown in the table's note column (e.g. a zoo file that was missing and how the study made do)"""
 
-    def fidelity(self, ref: np.ndarray | None) -> dict[str, float]:
-        """Discrete: share of recorded states where the greedy action equals fp32's. Continuous: mean
-        |action - fp32 action| in % of the action range."""
+    def fidelity(self, ref: np.ndarray | None) -> tuple[str, float] | None:
+        """Discrete: ("agreement_pct", share of recorded states where the greedy action equals fp32's).
+        Continuous: ("action_err_pct", mean |action - fp32 action| in % of the action range)."""
         if ref is None or self.actions is None or np.shape(ref) != np.shape(self.actions):
-            return {}
+            return None
         if self.action_range is None:
-            return {"agreement_pct": 100.0 * float(np.mean(self.actions == ref))}
+            return "agreement_pct", 100.0 * float(np.mean(self.actions == ref))
         err = float(np.mean(np.abs(self.actions.astype(np.float64) - ref)))
-        return {"action_err_pct": 100.0 * err / self.action_range}
+        return "action_err_pct", 100.0 * err / self.action_range
 
     def summary(
         self, fp32: list[float] | None, rand: list[float] | None, ref_actions: np.ndarray | None = None
-    ) -> dict[str, Any]:
-        d: dict[str, Any] = {"policy": self.policy, "env": self.env, "algo": self.algo, "variant": self.variant,
-                             "bits": self.bits, "skipped": self.skipped}  # fmt: skip
-        if self.note:
-            d["note"] = self.note
+    ) -> VariantResult:
+        """The row of the results: the returns, and against fp32's on the same seeds the drop
+        (stats.paired_drift), the fidelity and the normalized return."""
         if self.skipped or not self.returns:
-            return d
-        m, s = mean_std(self.returns)
-        d.update(mean=m, std=s, episodes=len(self.returns), returns=self.returns)
-        if self.variant != "fp32":
-            d.update(self.fidelity(ref_actions))
-        if fp32:
-            f_mean = float(np.mean(fp32))
-            diffs = [b - a for a, b in zip(fp32, self.returns, strict=True)]
-            dm, lo, hi = mean_ci95(diffs)
-            scale = abs(f_mean) if f_mean else 1.0
-            d.update(drop_pct=-100 * dm / scale, drop_ci95_pct=[-100 * hi / scale, -100 * lo / scale])
-            if rand:
-                r_mean = float(np.mean(rand))
-                d["normalized"] = (m - r_mean) / (f_mean - r_mean) if f_mean != r_mean else math.nan
-        return d
+            return variant_result(self.policy, self.env, self.algo, self.variant, self.bits, [],
+                                  skipped=self.skipped, note=self.note)  # fmt: skip
+        normalized = None
+        if fp32 and rand:
+            f_mean, r_mean = float(np.mean(fp32)), float(np.mean(rand))
+            m = mean_std(self.returns)[0]
+            normalized = (m - r_mean) / (f_mean - r_mean) if f_mean != r_mean else None
+        return variant_result(
+            self.policy, self.env, self.algo, self.variant, self.bits, self.returns, note=self.note,
+            drift=paired_drift(fp32, self.returns) if fp32 else None,
+            fidelity=self.fidelity(ref_actions) if self.variant != "fp32" else None, normalized=normalized,
+        )  # fmt: skip
 
 
 # ---- writers -------------------------------------------------------------------------------------------
@@ -209,20 +206,20 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> lis
 def write_tables(
     out: Path,
     stem: str,
-    study: dict[str, Any],
+    study: Any,
     markdown: str,
     csv_header: Sequence[str],
     csv_rows: Iterable[Sequence[Any]],
 ) -> list[Path]:
-    """``out/<stem>.json`` (the study, non-finite numbers as null), ``.md`` and ``.csv``, each atomic."""
-    from quarl_edge.bench.run import finite_json
+    """``out/<stem>.json`` (the study: a typed result, as its JSON; non-finite numbers as null), ``.md``
+    and ``.csv``, each atomic."""
     from quarl_edge.outputs import Kind, claim
 
     csv_kind = Kind("study csv", False, _starts_with([",".join(csv_header)]))
     claim_output(out / f"{stem}.json", "json"), claim_output(out / f"{stem}.md", "md")
     claim(out / f"{stem}.csv", csv_kind, name=f"the study's {stem}.csv")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / f"{stem}.json", finite_json(study))
+    atomic_write_json(out / f"{stem}.json", to_json(study))
     atomic_write_text(out / f"{stem}.md", markdown)
     buf = io.StringIO()
     w = csv.writer(buf)

@@ -4,7 +4,7 @@ device runner (runtimes/); optionally its actions on recorded states, for fideli
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,27 +17,18 @@ def _returns_torch(policy_dir: str, variant: str, bits: int | None, seeds: list[
     from quarl_edge.policy.net import load_checkpoint
     from quarl_edge.quant.weights import quantize_weights
     from quarl_edge.runtimes.envs import make_env
+    from quarl_edge.runtimes.runner import run_episodes
 
     torch.set_num_threads(1)
     policy = load_checkpoint(policy_dir)
     if bits is not None:
         policy = quantize_weights(policy, bits)
     env = make_env(policy.spec.env)
-    out = []
+    act = (lambda _obs: env.action_space.sample()) if variant == "random" else policy.act
     try:
-        for seed in seeds:
-            obs, _ = env.reset(seed=seed)
-            env.action_space.seed(seed)
-            done, ret = False, 0.0
-            while not done:
-                action = env.action_space.sample() if variant == "random" else policy.act(obs)
-                obs, r, term, trunc, _ = env.step(action)
-                ret += float(r)
-                done = term or trunc
-            out.append(ret)
+        return [e.ret for e in run_episodes(env, act, seeds, catch=False)]
     finally:
         env.close()
-    return out
 
 
 def _returns_runtime(bundle: str, model: str, seeds: list[int]) -> list[float]:
@@ -78,20 +69,28 @@ def _actions(kind: str, target: str, variant: str, bits: int | None, trace: str)
     return np.stack([np.asarray(runner.act(o)) for o in obs])
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One variant's evaluation: its returns on the seeds and its actions on the recorded states, or why it
+    was skipped."""
+
+    returns: list[float] = field(default_factory=list)
+    actions: np.ndarray | None = None
+    skipped: str | None = None
+
+
 def evaluate_task(
     kind: str, target: str, variant: str, bits: int | None, seeds: list[int], trace: str | None = None
-) -> dict[str, Any]:
-    """One evaluation; returns {"returns": [...], "actions": ...} or {"skipped": reason}.
-    Never raises for user errors."""
+) -> Evaluation:
+    """One evaluation (a Ray task); never raises for user errors: they are the evaluation's ``skipped``."""
     try:
         if kind == "torch":
-            out: dict[str, Any] = {"returns": _returns_torch(target, variant, bits, seeds)}
+            returns = _returns_torch(target, variant, bits, seeds)
         else:
-            out = {"returns": _returns_runtime(target, variant, seeds)}
-        if trace is not None:
-            out["actions"] = _actions(kind, target, variant, bits, trace)
-        return out
+            returns = _returns_runtime(target, variant, seeds)
+        actions = _actions(kind, target, variant, bits, trace) if trace is not None else None
+        return Evaluation(returns=returns, actions=actions)
     except QuarlError as e:
-        return {"skipped": str(e)}
+        return Evaluation(skipped=str(e))
     except ImportError as e:
-        return {"skipped": f"not installed: {e}"}
+        return Evaluation(skipped=f"not installed: {e}")

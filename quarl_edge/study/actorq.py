@@ -18,16 +18,18 @@ actors, and the per-actor inference throughput ratio over fp32. Figures: per tas
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.actorq.result import ActorQLog, ActorQStudy, CurvePoint, RunSummary, StudyRow, read_log
+from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.study._common import Progress, check_suite, claim_output, import_ray, say
+from quarl_edge.typed import to_json
 
-STUDY_VERSION = 2
 WINDOW = 10
 COLUMNS = ("task", "precision", "seeds", "update period", "final return", "vs fp32", "time to target (s)", "reached",
            "speedup vs fp32", "env steps/s", "steps/s vs fp32", "inference vs fp32", "energy to target (J)",
@@ -139,18 +141,18 @@ SUITES = {
 }
 
 
-def final_return(curve: list[dict[str, Any]]) -> float | None:
-    returns = [p["return"] for p in curve[-WINDOW:]]
+def final_return(curve: Sequence[CurvePoint]) -> float | None:
+    returns = [p.ret for p in curve[-WINDOW:]]
     return statistics.fmean(returns) if returns else None
 
 
-def time_to_target(curve: list[dict[str, Any]], target: float, key: str = "wall_s") -> float | None:
+def time_to_target(curve: Sequence[CurvePoint], target: float, key: str = "wall_s") -> float | None:
     """Wall seconds (or the curve's ``key``: ``energy_j``, joules so far) at which the mean of the last
     WINDOW episodes first reaches ``target``."""
     for i in range(len(curve)):
-        window = [p["return"] for p in curve[max(0, i + 1 - WINDOW) : i + 1]]
+        window = [p.ret for p in curve[max(0, i + 1 - WINDOW) : i + 1]]
         if len(window) == min(WINDOW, len(curve)) and statistics.fmean(window) >= target:
-            value = curve[i].get(key)  # logs written before energy accounting have no energy_j
+            value = getattr(curve[i], key)  # logs written before energy accounting have no energy_j
             return None if value is None else float(value)
     return None
 
@@ -170,13 +172,13 @@ class ActorQStudyConfig:
         check_suite(self.suite, SUITES)
 
 
-def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> ActorQStudy:
     suite_name, out, address, progress = cfg.suite, cfg.out, cfg.address, say(progress)
     suite = SUITES[suite_name]
     ray = import_ray("ActorQ")
     from quarl_edge.actorq import d4pg, dqn
 
-    runs: list[dict[str, Any]] = []
+    runs: list[RunSummary] = []
     missing: list[str] = []
     started = False
     try:
@@ -200,18 +202,18 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> dict[
                     started = True
                 progress(f"{name}: running ({task.steps:,} env steps)")
                 log, reused = learner.train(args), False  # type: ignore[arg-type]
-            run_s = log["breakdown"]["learner"]["wall_s"] if reused else time.perf_counter() - t
+            run_s = (log.breakdown["learner"].wall_s or 0.0) if reused else time.perf_counter() - t
             runs.append(_summary(log, task, seed, period, precision, run_s))
-            final = runs[-1]["final_return"]
+            final = runs[-1].final_return
             progress(f"{name}: final return {'—' if final is None else f'{final:.1f}'}, "
-                     f"{runs[-1]['run_s']:.1f} s{' (reused)' if reused else ''}")  # fmt: skip
+                     f"{runs[-1].run_s:.1f} s{' (reused)' if reused else ''}")  # fmt: skip
     finally:
         if started:
             ray.shutdown()
     if missing:
         progress(f"{len(missing)} of {len(missing) + len(runs)} runs not run yet (--finished-only)")
-    return {"format": "quarl-edge/study-actorq", "version": STUDY_VERSION, "suite": suite_name, "config": asdict(suite), "runs": runs,
-            "rows": _rows(runs, suite), "not_run": missing}  # fmt: skip
+    return ActorQStudy(suite=suite_name, config=to_json(asdict(suite)), runs=tuple(runs), rows=tuple(_rows(runs, suite)),
+                       not_run=tuple(missing))  # fmt: skip
 
 
 def _order(suite: Suite) -> list[tuple[Task, int, int, str]]:
@@ -225,60 +227,55 @@ def _order(suite: Suite) -> list[tuple[Task, int, int, str]]:
     return [(task, seed, period, precision) for _, _, task, seed, period, precision in runs]
 
 
-def _reusable(args: Any) -> dict[str, Any] | None:
-    """The finished run's log when ``args.out/log.json`` was written with these arguments, else None."""
-    path = args.out / "log.json"
-    try:
-        log = json.loads(path.read_text())
-    except (OSError, ValueError):
+def _reusable(args: Any) -> ActorQLog | None:
+    """The finished run's log when ``args.out/log.json`` was written with these arguments, else None (a
+    log whose numbers are outside their meaning is refused in one line: it is never summarized)."""
+    log = read_log(args.out / "log.json")
+    if log is None:
         return None
     want = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
-    saved = {"actor_runtime": "onnx", **log.get("args", {})}  # logs from before the choice ran ONNX Runtime
+    saved = {"actor_runtime": "onnx", **log.args}  # logs from before the choice ran ONNX Runtime
     if "v_min" in want:  # D4PG: compare the value support the runs used, however it was given
         from quarl_edge.actorq.d4pg import support
 
         if want["v_min"] is None:
             want["v_min"], want["v_max"], _ = support(args)
-        if saved.get("v_min") is None and "support" in log:
-            saved["v_min"], saved["v_max"] = log["support"]["v_min"], log["support"]["v_max"]
+        kept = log.learner.get("support")
+        if saved.get("v_min") is None and isinstance(kept, dict):
+            saved["v_min"], saved["v_max"] = kept.get("v_min"), kept.get("v_max")
     same = all(
         json.dumps(saved.get(k)) == json.dumps(v) for k, v in want.items() if k not in ("resume", "extra")
     )
-    return log if same and log.get("env_steps", 0) >= args.steps else None
+    return log if same and log.env_steps >= args.steps else None
 
 
-def _summary(log: dict[str, Any], task: Task, seed: int, period: int, precision: str, run_s: float) -> dict:
-    actors = [v for k, v in log["breakdown"].items() if k.startswith("actor") and "seconds" in v]
-    per_k = 1000 * len(actors) / max(log["env_steps"], 1)
-    fields = sorted({f for a in actors for f in a["seconds"]})
-    learner = log["breakdown"]["learner"]
-    return {
-        "task": task.label, "env": task.env, "algo": task.algo, "hidden": list(task.hidden), "seed": seed,
-        "update_period": period, "precision": precision,
-        "final_return": final_return(log["curve"]),
-        "time_to_target_s": time_to_target(log["curve"], task.target),
-        "energy_to_target_j": time_to_target(log["curve"], task.target, "energy_j"),
-        "energy": log.get("energy"),
-        "target": task.target,
-        "run_s": run_s,
-        "env_steps": log["env_steps"],
-        "steps_per_s": steps_per_s(log["curve"]),
-        "payload_bytes": log["payload_bytes"],
-        "inference_throughput": log["inference_throughput"],
+def _summary(log: ActorQLog, task: Task, seed: int, period: int, precision: str, run_s: float) -> RunSummary:
+    actors = log.actors
+    per_k = 1000 * len(actors) / max(log.env_steps, 1)
+    fields = sorted({f for a in actors for f in a.seconds or {}})
+    learner = log.breakdown["learner"]
+    wall = max(learner.wall_s or 0.0, 1e-9)
+    return RunSummary(
+        task=task.label, env=task.env, algo=task.algo, hidden=tuple(task.hidden), seed=seed, update_period=period,
+        precision=precision, final_return=final_return(log.curve),
+        time_to_target_s=time_to_target(log.curve, task.target),
+        energy_to_target_j=time_to_target(log.curve, task.target, "energy_j"), energy=log.energy,
+        target=task.target, run_s=run_s, env_steps=log.env_steps, steps_per_s=steps_per_s(log.curve),
+        payload_bytes=log.payload_bytes, inference_throughput=log.inference_throughput,
         # actor seconds per 1000 env steps of the whole run (each actor ran about 1/len(actors) of them)
-        "actor_s_per_1k_steps": {f: per_k * statistics.fmean(a["seconds"][f] for a in actors) for f in fields},
-        "learner_share": {f: v / max(learner["wall_s"], 1e-9) for f, v in learner["seconds"].items()},
-        "curve": [[p["env_steps"], p["wall_s"], p["return"]] for p in log["curve"]],
-    }  # fmt: skip
+        actor_s_per_1k_steps={f: per_k * statistics.fmean((a.seconds or {}).get(f, 0.0) for a in actors) for f in fields},
+        learner_share={f: v / wall for f, v in (learner.seconds or {}).items()},
+        curve=tuple((p.env_steps, p.wall_s, p.ret) for p in log.curve),
+    )  # fmt: skip
 
 
-def steps_per_s(curve: list[dict[str, Any]]) -> float | None:
+def steps_per_s(curve: Sequence[CurvePoint]) -> float | None:
     """End-to-end env steps per wall second up to the last finished episode (a resumed run's curve
     times continue from its checkpoint, so this spans both parts): the speed figure of a run whose
     target is out of reach."""
-    if not curve or curve[-1]["wall_s"] <= 0:
+    if not curve or curve[-1].wall_s <= 0:
         return None
-    return float(curve[-1]["env_steps"] / curve[-1]["wall_s"])
+    return float(curve[-1].env_steps / curve[-1].wall_s)
 
 
 def within_spread(a: list[float], b: list[float]) -> bool | None:
@@ -291,7 +288,7 @@ def within_spread(a: list[float], b: list[float]) -> bool | None:
     return abs(statistics.fmean(a) - statistics.fmean(b)) <= spread or overlap
 
 
-def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
+def _rows(runs: list[RunSummary], suite: Suite) -> list[StudyRow]:
     rows = []
     for task in suite.tasks:
         for period in task.update_periods:
@@ -300,69 +297,71 @@ def _rows(runs: list[dict[str, Any]], suite: Suite) -> list[dict[str, Any]]:
             base_sps: float | None = None
             base_finals: list[float] = []
             for precision in task.precisions:
-                rs = [r for r in runs if (r["task"], r["update_period"], r["precision"])
-                      == (task.label, period, precision)]  # fmt: skip
+                rs = [
+                    r
+                    for r in runs
+                    if (r.task, r.update_period, r.precision) == (task.label, period, precision)
+                ]
                 if not rs:  # not run yet (a --finished-only table of a suite under way)
                     continue
-                finals = [r["final_return"] for r in rs if r["final_return"] is not None]
-                times = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None]
+                finals = [r.final_return for r in rs if r.final_return is not None]
+                times = [r.time_to_target_s for r in rs if r.time_to_target_s is not None]
                 mean_t = statistics.fmean(times) if times else None
-                joules = [r["energy_to_target_j"] for r in rs if r.get("energy_to_target_j") is not None]
+                joules = [r.energy_to_target_j for r in rs if r.energy_to_target_j is not None]
                 mean_e = statistics.fmean(joules) if joules else None
-                speeds = [r["steps_per_s"] for r in rs if r.get("steps_per_s")]
+                speeds = [r.steps_per_s for r in rs if r.steps_per_s]
                 mean_sps = statistics.fmean(speeds) if speeds else None
                 if precision == "fp32":
                     base_t, base_e, base_finals, base_sps = mean_t, mean_e, finals, mean_sps
-                ratios = [r["inference_throughput"]["ratio_vs_fp32"].get(f"{precision}/fp32") for r in rs]
-                ratios = [x for x in ratios if x is not None]
-                rows.append({
-                    "task": task.label, "precision": precision, "update_period": period,
-                    "seeds": sorted(r["seed"] for r in rs),
-                    "final_return_mean": statistics.fmean(finals) if finals else None,
-                    "final_return_std": statistics.pstdev(finals) if len(finals) > 1 else 0.0,
-                    "final_returns": finals,
-                    "within_fp32_spread": None if precision == "fp32" else within_spread(finals, base_finals),
-                    "time_to_target_s": mean_t, "reached": f"{len(times)}/{len(rs)}", "target": task.target,
-                    "speedup_vs_fp32": base_t / mean_t if base_t and mean_t else None,
-                    "steps_per_s": mean_sps,
-                    "steps_per_s_vs_fp32": mean_sps / base_sps if mean_sps and base_sps else None,
-                    "energy_to_target_j": mean_e,
-                    "energy_ratio_fp32": base_e / mean_e if base_e and mean_e else None,
-                    "energy_source": ",".join(sorted({r["energy"]["source"] for r in rs if r.get("energy")})),
-                    "inference_vs_fp32": statistics.fmean(ratios) if ratios else 1.0,
-                    "learner_update_share": statistics.fmean(r["learner_share"].get("learner_update", 0.0)
-                                                             for r in rs) if rs else None,
-                })  # fmt: skip
+                found = [r.inference_throughput.ratio_vs_fp32.get(f"{precision}/fp32") for r in rs]
+                ratios = [x for x in found if x is not None]
+                rows.append(StudyRow(
+                    task=task.label, precision=precision, update_period=period,
+                    seeds=tuple(sorted(r.seed for r in rs)),
+                    final_return_mean=statistics.fmean(finals) if finals else None,
+                    final_return_std=statistics.pstdev(finals) if len(finals) > 1 else 0.0,
+                    final_returns=tuple(finals),
+                    within_fp32_spread=None if precision == "fp32" else within_spread(finals, base_finals),
+                    time_to_target_s=mean_t, reached=f"{len(times)}/{len(rs)}", target=task.target,
+                    speedup_vs_fp32=base_t / mean_t if base_t and mean_t else None,
+                    steps_per_s=mean_sps,
+                    steps_per_s_vs_fp32=mean_sps / base_sps if mean_sps and base_sps else None,
+                    energy_to_target_j=mean_e,
+                    energy_ratio_fp32=base_e / mean_e if base_e and mean_e else None,
+                    energy_source=",".join(sorted({r.energy.source for r in rs if r.energy})),
+                    inference_vs_fp32=statistics.fmean(ratios) if ratios else 1.0,
+                    learner_update_share=statistics.fmean(r.learner_share.get("learner_update", 0.0) for r in rs),
+                ))  # fmt: skip
     return rows
 
 
-def table_rows(study: dict[str, Any]) -> list[list[str]]:
+def table_rows(study: ActorQStudy) -> list[list[str]]:
     def f(x: float | None, spec: str = ".1f") -> str:
         return "—" if x is None else format(x, spec)
 
     verdict = {None: "— (1 seed)", True: "within spread", False: "OUTSIDE spread"}
     return [
-        [r["task"], r["precision"], ",".join(map(str, r.get("seeds", []))) or "—", str(r["update_period"]),
-         f"{f(r['final_return_mean'])} ± {f(r['final_return_std'])}",
-         verdict[r["within_fp32_spread"]] if r["precision"] != "fp32" else "ref",
-         f(r["time_to_target_s"]), r["reached"],
-         f(r["speedup_vs_fp32"], ".2f") + "x" if r["speedup_vs_fp32"] else "—",
-         f(r.get("steps_per_s"), ".0f"),
-         f(r.get("steps_per_s_vs_fp32"), ".2f") + "x" if r.get("steps_per_s_vs_fp32") else "—",
-         f(r["inference_vs_fp32"], ".2f") + "x",
-         f(r.get("energy_to_target_j"), ".0f"),
-         f(r["energy_ratio_fp32"], ".2f") + "x" if r.get("energy_ratio_fp32") else "—"]
-        for r in study["rows"]
+        [r.task, r.precision, ",".join(map(str, r.seeds or ())) or "—", str(r.update_period),
+         f"{f(r.final_return_mean)} ± {f(r.final_return_std)}",
+         verdict[r.within_fp32_spread] if r.precision != "fp32" else "ref",
+         f(r.time_to_target_s), r.reached,
+         f(r.speedup_vs_fp32, ".2f") + "x" if r.speedup_vs_fp32 else "—",
+         f(r.steps_per_s, ".0f"),
+         f(r.steps_per_s_vs_fp32, ".2f") + "x" if r.steps_per_s_vs_fp32 else "—",
+         f(r.inference_vs_fp32, ".2f") + "x",
+         f(r.energy_to_target_j, ".0f"),
+         f(r.energy_ratio_fp32, ".2f") + "x" if r.energy_ratio_fp32 else "—"]
+        for r in study.rows
     ]  # fmt: skip
 
 
-def energy_note(runs: list[dict[str, Any]]) -> str:
+def energy_note(runs: Sequence[RunSummary]) -> str:
     """How the energy columns were obtained: measured (RAPL) or estimated, with the assumption."""
-    reports = [r["energy"] for r in runs if r.get("energy")]
+    reports = [r.energy for r in runs if r.energy]
     if not reports:
         return "Energy: not recorded (runs logged before energy accounting)."
-    sources = sorted({e["source"] for e in reports})
-    assumptions = sorted({e["assumption"] for e in reports if e["assumption"]})
+    sources = sorted({e.source for e in reports})
+    assumptions = sorted({e.assumption for e in reports if e.assumption})
     return (f"Energy to target = joules so far when the target is first reached ({', '.join(sources)}): "
             + ("RAPL package counters, measured. " if "rapl" in sources else "")
             + " ".join(assumptions))  # fmt: skip
@@ -372,31 +371,27 @@ def _slug(label: str) -> str:
     return label.replace(" ", "-").replace("/", "-")  # dm_control/... is one folder and file name
 
 
-def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
-    """actorq.json, actorq.md, and per task a breakdown and a learning-curve PNG (temp name, then rename)."""
+def write_outputs(study: ActorQStudy, out: Path) -> list[Path]:
+    """actorq.json, actorq.md, and per task a breakdown and a learning-curve PNG (each atomic)."""
     from quarl_edge.actorq.plots import plot_study_breakdown, plot_study_curves
 
     files = [claim_output(out / "actorq.json", "json"), claim_output(out / "actorq.md", "md")]
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "actorq.json.tmp"
-    tmp.write_text(json.dumps(study, indent=2))
-    os.replace(tmp, files[0])
-    targets = ", ".join(sorted({f"{r['task']}: {r['target']}" for r in study["rows"]}))
-    lines = [f"# ActorQ study ({study['suite']})", "",
+    atomic_write_json(files[0], study.to_dict())
+    targets = ", ".join(sorted({f"{r.task}: {r.target}" for r in study.rows}))
+    lines = [f"# ActorQ study ({study.suite})", "",
              f"Target return per task: {targets}; "
              f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds); "
              "'within spread': |mean difference| <= the larger seed-to-seed std, or the seeds' ranges overlap.",
-             "", energy_note(study["runs"]),
+             "", energy_note(study.runs),
              "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
-    if study.get("not_run"):
-        lines += ["", f"Not run yet ({len(study['not_run'])} of the suite's runs; `--finished-only` wrote this "
-                  "table from the finished ones): " + ", ".join(f"`{n}`" for n in study["not_run"])]  # fmt: skip
-    tmp = out / "actorq.md.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, files[1])
-    for label in dict.fromkeys(r["task"] for r in study["runs"]):
-        runs = [r for r in study["runs"] if r["task"] == label]
+    if study.not_run:
+        lines += ["", f"Not run yet ({len(study.not_run)} of the suite's runs; `--finished-only` wrote this "
+                  "table from the finished ones): " + ", ".join(f"`{n}`" for n in study.not_run)]  # fmt: skip
+    atomic_write_text(files[1], "\n".join(lines) + "\n")
+    for label in dict.fromkeys(r.task for r in study.runs):
+        runs = [r for r in study.runs if r.task == label]
         for kind, plot in (("breakdown", plot_study_breakdown), ("curves", plot_study_curves)):
             path = out / f"{kind}-{_slug(label)}.png"
             plot(runs, path)

@@ -30,6 +30,7 @@ from quarl_edge.study._common import (
     unavailable,
 )
 from quarl_edge.study._evaluate import evaluate_task
+from quarl_edge.study.result import Confirmation, PTQFinding, PTQStudy, VariantResult
 from quarl_edge.zoo import ZooEntry, suite
 
 RUNTIME_VARIANTS = ("onnx-fp16", "onnx-int8", "tflite-int8")
@@ -125,7 +126,7 @@ def _action_range(entry: ZooEntry) -> float | None:
     return float(np.mean(width[np.isfinite(width)])) if np.isfinite(width).any() else 1.0
 
 
-def run_study(cfg: StudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_study(cfg: StudyConfig, progress: Progress | None = None) -> PTQStudy:
     import_ray()  # the install hint before any work
     entries = suite(cfg.suite, cfg.zoo)
     if not entries:
@@ -190,11 +191,7 @@ def run_study(cfg: StudyConfig, progress: Progress | None = None) -> dict[str, A
                     pending.append((r, task.remote("runtime", str(bundle), v, None, seeds, trace)))
         for i, (r, ref) in enumerate(pending):
             res = ray.get(ref)
-            r.returns, r.skipped, r.actions = (
-                res.get("returns", []),
-                res.get("skipped"),
-                res.get("actions"),
-            )
+            r.returns, r.skipped, r.actions = res.returns, res.skipped, res.actions
             rows.append(r)
             if progress:
                 progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
@@ -210,7 +207,7 @@ def _confirm(
     work: Path,
     checkpoints: dict[str, Path],
     progress: Callable[[str], None] | None,
-) -> list[dict[str, Any]]:
+) -> list[Confirmation]:
     """Re-check each runtime variant's gate failure (int8, and fp16) on ``cfg.confirm_seeds`` more
     paired episodes (fp32 from ``checkpoints[policy]``, the variant from its bundle in ``work``): a rare
     catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for fp32's own reasons.
@@ -221,9 +218,7 @@ def _confirm(
     if not extra:
         return []
     prelim = summarize(rows, cfg)
-    failing = [
-        (f["policy"], v) for f in prelim["findings"] for v, ok in f.get("keeps_reward", {}).items() if not ok
-    ]
+    failing = [(f.policy, v) for f in prelim.findings for v, ok in f.keeps_reward.items() if not ok]
     if not failing:
         return []
     first = {(r.policy, r.variant): r for r in rows}
@@ -238,16 +233,20 @@ def _confirm(
     out = []
     for policy, variant in failing:
         f32, var = more[(policy, "fp32")], more[(policy, variant)]
-        if "returns" not in f32 or "returns" not in var:
+        if f32.skipped or var.skipped:
             continue
-        fp32 = Row(policy, "", "", "fp32", None, returns=first[(policy, "fp32")].returns + f32["returns"])
-        bits = 16 if variant.endswith("fp16") else 8
-        row = Row(policy, "", "", variant, bits, returns=first[(policy, variant)].returns + var["returns"])
+        was = first[(policy, variant)]
+        fp32 = Row(
+            policy, was.env, was.algo, "fp32", None, returns=first[(policy, "fp32")].returns + f32.returns
+        )
+        row = Row(policy, was.env, was.algo, variant, was.bits, returns=was.returns + var.returns)
         s = row.summary(fp32.returns, None)
         _, lo, hi = mean_ci95(fp32.returns)
-        out.append({"policy": policy, "variant": variant, "episodes": len(row.returns), "fp32_mean": float(np.mean(fp32.returns)),
-                    "mean": s["mean"], "drop_pct": s["drop_pct"], "drop_ci95_pct": s["drop_ci95_pct"],
-                    "keeps_reward": keeps_reward(s, lo, hi)})  # fmt: skip
+        if s.mean is None or s.drop_pct is None or s.drop_ci95_pct is None:
+            continue
+        out.append(Confirmation(policy=policy, variant=variant, episodes=len(row.returns),
+                                fp32_mean=float(np.mean(fp32.returns)), mean=s.mean, drop_pct=s.drop_pct,
+                                drop_ci95_pct=s.drop_ci95_pct, keeps_reward=keeps_reward(s, lo, hi)))  # fmt: skip
     return out
 
 
@@ -267,21 +266,17 @@ def sweet_spot(ok: dict[int, bool]) -> int | None:
     return best
 
 
-def keeps_reward(s: dict[str, Any], fp32_lo: float, fp32_hi: float) -> bool:
+def keeps_reward(s: VariantResult, fp32_lo: float, fp32_hi: float) -> bool:
     """The gate of the acceptance list: within 2% of fp32, or inside fp32's own 95% interval."""
-    drop = s.get("drop_pct")
-    return bool(
-        (drop is not None and drop <= DRIFT_LIMIT_PCT) or (math.isfinite(fp32_lo) and s["mean"] >= fp32_lo)
-    )
+    return bool((s.drop_pct is not None and s.drop_pct <= DRIFT_LIMIT_PCT)
+                or (math.isfinite(fp32_lo) and s.mean is not None and s.mean >= fp32_lo))  # fmt: skip
 
 
-def summarize(
-    rows: list[Row], cfg: StudyConfig, confirmations: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
+def summarize(rows: list[Row], cfg: StudyConfig, confirmations: list[Confirmation] | None = None) -> PTQStudy:
     by_policy: dict[str, dict[str, Row]] = {}
     for r in sorted(rows, key=_order):
         by_policy.setdefault(r.policy, {})[r.variant] = r
-    results = []
+    results: list[VariantResult] = []
     for variants in by_policy.values():
         fp32 = variants.get("fp32")
         rand = variants.get("random")
@@ -292,32 +287,21 @@ def summarize(
             results.append(r.summary(ref if r.variant != "fp32" else None, rnd, ref_actions))
     findings = []
     for policy in by_policy:
-        ok = {
-            s["bits"]: s["drop_pct"] <= DRIFT_LIMIT_PCT for s in results
-            if s["policy"] == policy and s["variant"].startswith("w") and "drop_pct" in s
-        }  # fmt: skip
-        runtime = [s for s in results if s["policy"] == policy and s["variant"] in RUNTIME_VARIANTS]
+        mine = [s for s in results if s.policy == policy]
+        ok = {s.bits: s.drop_pct <= DRIFT_LIMIT_PCT for s in mine
+              if s.variant.startswith("w") and s.drop_pct is not None and s.bits is not None}  # fmt: skip
+        runtime = [s for s in mine if s.variant in RUNTIME_VARIANTS]
         fp32 = by_policy[policy].get("fp32")
         _, f_lo, f_hi = mean_ci95(fp32.returns) if fp32 and fp32.returns else (math.nan, math.nan, math.nan)
-        findings.append({
-            "policy": policy,
-            "sweet_spot_bits": sweet_spot(ok),
-            "weight_bits_ok": {str(b): v for b, v in sorted(ok.items())},
-            "drop_pct": {s["variant"]: s.get("drop_pct") for s in runtime},
-            "keeps_reward": {s["variant"]: keeps_reward(s, f_lo, f_hi) for s in runtime if "mean" in s},
-            "fp32_ci95": [f_lo, f_hi],
-            "confirmed": {c["variant"]: c for c in confirmations or [] if c["policy"] == policy},
-        })  # fmt: skip
-    return {
-        "format": "quarl-edge/study-ptq",
-        "version": 1,
-        "suite": cfg.suite,
-        "zoo": str(cfg.zoo) if cfg.zoo else "built-in",
-        "episodes": cfg.n_episodes,
-        "seeds": cfg.seeds,
-        "bits": list(cfg.bit_list),
-        "drift_limit_pct": DRIFT_LIMIT_PCT,
-        "confirm_episodes": len(cfg.confirm_seeds),
-        "results": results,
-        "findings": findings,
-    }
+        findings.append(PTQFinding(
+            policy=policy,
+            sweet_spot_bits=sweet_spot(ok),
+            weight_bits_ok={str(b): v for b, v in sorted(ok.items())},
+            drop_pct={s.variant: s.drop_pct for s in runtime},
+            keeps_reward={s.variant: keeps_reward(s, f_lo, f_hi) for s in runtime if s.mean is not None},
+            fp32_ci95=(f_lo if math.isfinite(f_lo) else None, f_hi if math.isfinite(f_hi) else None),
+            confirmed={c.variant: c for c in confirmations or [] if c.policy == policy},
+        ))  # fmt: skip
+    return PTQStudy(suite=cfg.suite, zoo=str(cfg.zoo) if cfg.zoo else "built-in", episodes=cfg.n_episodes,
+                    seeds=tuple(cfg.seeds), bits=tuple(cfg.bit_list), drift_limit_pct=DRIFT_LIMIT_PCT,
+                    confirm_episodes=len(cfg.confirm_seeds), results=tuple(results), findings=tuple(findings))  # fmt: skip

@@ -8,7 +8,6 @@ checkpoint on its n-bit grid in torch. Trainings and evaluations are Ray tasks (
 
 from __future__ import annotations
 
-import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from quarl_edge.study._common import (
     write_tables,
 )
 from quarl_edge.study._evaluate import evaluate_task
+from quarl_edge.study.result import BitsPoint, QATFinding, QATStudy, VariantResult
 
 KEEP_FRACTION = 0.9  # the paper's claim: QAT keeps >= 90% of fp32 where PTQ does not
 SCOPE_TEXT = {
@@ -128,9 +128,16 @@ class QATStudyConfig:
         return list(range(self.seed, self.seed + self.n_episodes))
 
 
-def train_task(env: str, algo: str, steps: int, seed: int, qat: dict[str, Any], out: str) -> dict[str, Any]:
-    """One QAT training (a Ray task) with ``qat`` (QATConfig.to_dict()); returns {"path": ...} or
-    {"skipped": reason}."""
+@dataclass(frozen=True)
+class Trained:
+    """A QAT training's checkpoint folder, or why there is none."""
+
+    path: str | None = None
+    skipped: str | None = None
+
+
+def train_task(env: str, algo: str, steps: int, seed: int, qat: dict[str, Any], out: str) -> Trained:
+    """One QAT training (a Ray task) with ``qat`` (QATConfig.to_dict(): plain data for Ray)."""
     import torch
 
     from quarl_edge.train.trainer import TrainConfig, train
@@ -141,10 +148,10 @@ def train_task(env: str, algo: str, steps: int, seed: int, qat: dict[str, Any], 
                           qat=QATConfig.from_dict(qat))  # fmt: skip
         train(cfg)
     except QuarlError as e:
-        return {"skipped": str(e)}
+        return Trained(skipped=str(e))
     except ImportError as e:
-        return {"skipped": f"not installed: {e}"}
-    return {"path": out}
+        return Trained(skipped=f"not installed: {e}")
+    return Trained(path=out)
 
 
 def _check(task: QATTask) -> tuple[Any, str | None]:
@@ -175,7 +182,7 @@ def run_name(task: str, bits: int, activations: bool, scope: str) -> str:
     return f"{task}-qat{bits}{'' if activations else '-weights'}{'' if scope == 'all' else f'-{scope}'}"
 
 
-def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> QATStudy:
     """Run the study (trainings and evaluations as Ray tasks); see QATStudyConfig.out for reuse."""
     import_ray()  # the install hint before any work
     log = say(progress)
@@ -208,32 +215,32 @@ def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> dict[str
                 path = work / run_name(task.name, b, cfg.activations, cfg.scope)
                 row = Row(task.name, entry.env, entry.algo, f"qat{b}", b)
                 if _trained(path, steps, entry.seed, qat):
-                    trainings.append((row, {"path": str(path)}))
+                    trainings.append((row, Trained(path=str(path))))
                     continue
                 ref = trainer.remote(entry.env, entry.algo, steps, entry.seed, qat.to_dict(), str(path))
                 trainings.append((row, ref))
             log(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
         for row, ref in trainings:
-            res = ref if isinstance(ref, dict) else ray.get(ref)
-            if "skipped" in res:
-                row.skipped = res["skipped"]
+            res = ref if isinstance(ref, Trained) else ray.get(ref)
+            if res.path is None:
+                row.skipped = res.skipped
                 rows.append(row)
             else:  # bits=None: the QAT checkpoint already runs on its n-bit grid
-                evals.append((row, evaluate.remote("torch", res["path"], "qat", None, seeds)))
+                evals.append((row, evaluate.remote("torch", res.path, "qat", None, seeds)))
             log(f"trained {row.policy} {row.variant}")
         for row, ref in evals:
             res = ray.get(ref)
-            row.returns, row.skipped = res.get("returns", []), res.get("skipped")
+            row.returns, row.skipped = res.returns, res.skipped
             rows.append(row)
     return summarize(rows, cfg)
 
 
-def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
+def summarize(rows: list[Row], cfg: QATStudyConfig) -> QATStudy:
     by_task: dict[str, dict[str, Row]] = {}
     for r in rows:
         by_task.setdefault(r.policy, {})[r.variant] = r
-    results: list[dict[str, Any]] = []
-    findings: list[dict[str, Any]] = []
+    results: list[VariantResult] = []
+    findings: list[QATFinding] = []
     for task, variants in by_task.items():
         fp32, rand = variants.get("fp32"), variants.get("random")
         ref = fp32.returns if fp32 and not fp32.skipped else None
@@ -241,31 +248,20 @@ def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
         summaries = {v: r.summary(ref if v != "fp32" else None, rnd) for v, r in variants.items()}
         results += summaries.values()
 
-        def norm(v: str, s: dict[str, dict[str, Any]] = summaries) -> float | None:
-            x = s.get(v, {}).get("normalized")
-            return x if x is not None and math.isfinite(x) else None
+        def norm(v: str, s: dict[str, VariantResult] = summaries) -> float | None:
+            return s[v].normalized if v in s else None
 
         bits = sorted({r.bits for r in variants.values() if r.bits is not None})
-        per_bits = [{"bits": b, "ptq": norm(f"ptq{b}"), "qat": norm(f"qat{b}")} for b in bits]
+        per_bits = [BitsPoint(b, norm(f"ptq{b}"), norm(f"qat{b}")) for b in bits]
         claim = [
-            p["bits"] for p in per_bits
-            if p["qat"] is not None and p["ptq"] is not None
-            and p["qat"] >= KEEP_FRACTION > p["ptq"]
-        ]  # fmt: skip
-        findings.append({"task": task, "normalized": per_bits, "qat_keeps_where_ptq_breaks_bits": claim})
-    return {
-        "format": "quarl-edge/study-qat",
-        "version": 1,
-        "suite": cfg.suite,
-        "episodes": cfg.n_episodes,
-        "seeds": cfg.seeds,
-        "bits": list(cfg.bit_list),
-        "qat_activations": cfg.activations,
-        "qat_scope": cfg.scope,
-        "keep_fraction": KEEP_FRACTION,
-        "results": results,
-        "findings": findings,
-    }
+            p.bits
+            for p in per_bits
+            if p.qat is not None and p.ptq is not None and p.qat >= KEEP_FRACTION > p.ptq
+        ]
+        findings.append(QATFinding(task, tuple(per_bits), tuple(claim)))
+    return QATStudy(suite=cfg.suite, episodes=cfg.n_episodes, seeds=tuple(cfg.seeds), bits=tuple(cfg.bit_list),
+                    keep_fraction=KEEP_FRACTION, results=tuple(results), findings=tuple(findings),
+                    qat_activations=cfg.activations, qat_scope=cfg.scope)  # fmt: skip
 
 
 # ---- outputs ------------------------------------------------------------------------------------------
@@ -273,41 +269,42 @@ def summarize(rows: list[Row], cfg: QATStudyConfig) -> dict[str, Any]:
 COLUMNS = ("task", "bits", "PTQ mean", "PTQ normalized", "QAT mean", "QAT normalized", "fp32 mean", "note")
 
 
-def table_rows(study: dict[str, Any]) -> list[list[str]]:
-    def get(task: str, variant: str) -> dict[str, Any]:
-        return next((s for s in study["results"] if s["policy"] == task and s["variant"] == variant), {})
+def table_rows(study: QATStudy) -> list[list[str]]:
+    def get(task: str, variant: str) -> VariantResult | None:
+        return next((s for s in study.results if s.policy == task and s.variant == variant), None)
 
-    def fmt(v: Any, spec: str = ".1f") -> str:
-        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+    def fmt(v: float | None, spec: str = ".1f") -> str:
+        return "-" if v is None else format(v, spec)
 
     rows = []
-    for f in study["findings"]:
-        task = f["task"]
-        skipped = get(task, "all").get("skipped")
-        if skipped:
-            rows.append([task, "-", "-", "-", "-", "-", "-", f"skipped: {skipped}"])
+    for f in study.findings:
+        task = f.task
+        whole = get(task, "all")
+        if whole is not None and whole.skipped:
+            rows.append([task, "-", "-", "-", "-", "-", "-", f"skipped: {whole.skipped}"])
             continue
-        fp32 = get(task, "fp32").get("mean")
-        for b in [p["bits"] for p in f["normalized"]]:
+        fp32 = get(task, "fp32")
+        for b in [p.bits for p in f.normalized]:
             p, q = get(task, f"ptq{b}"), get(task, f"qat{b}")
             note = "; ".join(
-                f"{k} skipped: {s['skipped']}" for k, s in (("PTQ", p), ("QAT", q)) if s.get("skipped")
+                f"{k} skipped: {s.skipped}" for k, s in (("PTQ", p), ("QAT", q)) if s and s.skipped
             )
-            if b in f["qat_keeps_where_ptq_breaks_bits"]:
+            if b in f.qat_keeps_where_ptq_breaks_bits:
                 note = (note + "; " if note else "") + "QAT keeps >= 90%, PTQ does not"
-            rows.append([task, str(b), fmt(p.get("mean")), fmt(p.get("normalized"), ".3f"), fmt(q.get("mean")),
-                         fmt(q.get("normalized"), ".3f"), fmt(fp32), note])  # fmt: skip
+            rows.append([task, str(b), fmt(p.mean if p else None), fmt(p.normalized if p else None, ".3f"),
+                         fmt(q.mean if q else None), fmt(q.normalized if q else None, ".3f"),
+                         fmt(fp32.mean if fp32 else None), note])  # fmt: skip
     return rows
 
 
-def markdown(study: dict[str, Any]) -> str:
+def markdown(study: QATStudy) -> str:
     lines = [
-        f"# QAT vs PTQ ({study['suite']} suite)",
+        f"# QAT vs PTQ ({study.suite} suite)",
         "",
-        f"{study['episodes']} paired episodes per variant (seeds {study['seeds'][0]}..{study['seeds'][-1]}). "
+        f"{study.episodes} paired episodes per variant (seeds {study.seeds[0]}..{study.seeds[-1]}). "
         "PTQ: weight-only n-bit of the fp32 zoo policy. QAT: trained from scratch with --qat-bits n "
-        f"({'weights and activations' if study.get('qat_activations', True) else 'weights only'}; "
-        f"{SCOPE_TEXT[study.get('qat_scope', 'all')]}; "
+        f"({'weights and activations' if study.qat_activations in (None, True) else 'weights only'}; "
+        f"{SCOPE_TEXT[study.qat_scope or 'all']}; "
         "same algorithm, hyperparameters, seed). normalized = (R - R_random) / (R_fp32 - R_random).",
         "",
     ]
@@ -315,7 +312,7 @@ def markdown(study: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(study: dict[str, Any], path: Path) -> Path:
+def plot(study: QATStudy, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,19 +322,19 @@ def plot(study: dict[str, Any], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, f in enumerate(study["findings"]):
+    for i, f in enumerate(study.findings):
         c = colors[i % len(colors)]
         for kind, style in (("ptq", "--"), ("qat", "-")):
-            pts = [(p["bits"], p[kind]) for p in f["normalized"] if p[kind] is not None]
+            pts = [(p.bits, getattr(p, kind)) for p in f.normalized if getattr(p, kind) is not None]
             if pts:  # square PTQ, round QAT: a single bit width has no line to tell them apart
                 ax.plot([b for b, _ in pts], [v for _, v in pts], style, marker="s" if kind == "ptq" else "o", color=c,
-                        label=f"{f['task']} {kind.upper()}")  # fmt: skip
+                        label=f"{f.task} {kind.upper()}")  # fmt: skip
     ax.axhline(1.0, color="black", linewidth=1, label="fp32 reference")
-    ax.axhline(study["keep_fraction"], color="grey", linestyle=":", linewidth=1, label="90% of fp32")
+    ax.axhline(study.keep_fraction, color="grey", linestyle=":", linewidth=1, label="90% of fp32")
     ax.set_xlabel("bits")
     ax.set_ylabel("normalized return  (R - R_random) / (R_fp32 - R_random)")
-    ax.set_title(f"PTQ vs QAT: reward vs bits ({study['suite']} suite, {study['episodes']} paired episodes)")
-    ax.set_xticks(sorted({p["bits"] for f in study["findings"] for p in f["normalized"]}) or study["bits"])
+    ax.set_title(f"PTQ vs QAT: reward vs bits ({study.suite} suite, {study.episodes} paired episodes)")
+    ax.set_xticks(sorted({p.bits for f in study.findings for p in f.normalized}) or study.bits)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return _save(fig, path)
@@ -346,8 +343,8 @@ def plot(study: dict[str, Any], path: Path) -> Path:
 CSV_COLUMNS = ("task", "env", "algo", "variant", "bits", "mean", "std", "episodes", "normalized", "skipped")
 
 
-def write_outputs(study: dict[str, Any], out: Path) -> list[Path]:
+def write_outputs(study: QATStudy, out: Path) -> list[Path]:
     keys = ("policy",) + CSV_COLUMNS[1:]
-    rows = [[s.get(k) if k != "skipped" else s.get(k) or "" for k in keys] for s in study["results"]]
+    rows = [[getattr(s, k) if k != "skipped" else s.skipped or "" for k in keys] for s in study.results]
     files = write_tables(out, "qat", study, markdown(study), CSV_COLUMNS, rows)
     return files + [plot(study, out / "qat_reward_vs_bits.png")]

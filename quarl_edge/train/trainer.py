@@ -22,6 +22,7 @@ from quarl_edge.policy.registry import entry, env_config, resolve_id
 from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.runner import run_episodes
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.text import markup_safe
 from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
@@ -287,16 +288,8 @@ def summary_lines(policy: Policy, out: Path) -> list[str]:
 def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float, float, list[float]]:
     """Deterministic returns of the torch policy on seeds seed0, seed0+1, ..."""
     env = make_env(policy.spec.env)
-    returns = []
     try:
-        for i in range(episodes):
-            obs, _ = env.reset(seed=seed0 + i)
-            done, ret = False, 0.0
-            while not done:
-                obs, r, term, trunc, _ = env.step(policy.act(obs))
-                ret += float(r)
-                done = term or trunc
-            returns.append(ret)
+        returns = [e.ret for e in run_episodes(env, policy.act, range(seed0, seed0 + episodes), catch=False)]
     finally:
         env.close()
     return float(np.mean(returns)), float(np.std(returns)), returns

@@ -17,19 +17,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.runtimes.errors import InputError, QuarlError
+from quarl_edge.stats import drift_scale
 from quarl_edge.study._common import ray_session
 from quarl_edge.tune.context import Search
 from quarl_edge.tune.records import CandidateRow, Choice, Drift, Timing
 
 MAX_PARALLEL = 4  # closed loops side by side on the local device (Ray tasks), at most
 Rows = dict[str, CandidateRow]
-
-
-def bench_models(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A bench report's models by name: the one place tune reads a bench report."""
-    return {m["name"]: m for m in report["models"]}
 
 
 def reward_task(bundle: str, name: str, reference: str, seed: int, episodes: int) -> Drift:
@@ -51,12 +48,14 @@ def latency(
         if missing:
             cfg = BenchConfig(episodes=0, threads=t, latency_samples=s.cfg.latency_samples, seed=s.cfg.seed,
                               models=tuple(missing))  # fmt: skip
-            for name, m in bench_models(bench(bundle, cfg, device=device, transport=transport)).items():
+            for m in bench(bundle, cfg, device=device, transport=transport).models:
+                name = m.name
                 if name not in missing:
                     continue  # the bench adds the reference; its measurement stands as first made
-                lat: dict[str, Any] = m.get("latency") or {}
                 try:
-                    timing = Timing.from_dict(lat, f"{name}'s latency")
+                    if m.latency is None:
+                        raise InputError("none measured", "run tune again")
+                    timing = Timing(m.latency.p50_us, m.latency.p99_us)
                 except InputError as e:
                     s.log(f"{name} at {t} thread(s): no usable latency from the device ({e.problem})")
                     continue
@@ -177,19 +176,13 @@ def _verdict(
     return None
 
 
-def _pooled_drop(a: Drift, b: Drift) -> float | None:
+def _pooled_drop(a: Drift, b: Drift) -> float:
     """The drop over all the episodes of both, as one bench of them all reports it (from the pooled means;
     the mean of two percentages is not one when the means differ), so `gate tune.json` agrees."""
     n1, n2 = a.episodes, b.episodes
     ref = (a.ref_mean * n1 + b.ref_mean * n2) / (n1 + n2)
     mean = (a.mean * n1 + b.mean * n2) / (n1 + n2)
-    if ref == 0:
-        return (
-            None
-            if a.drop_pct is None or b.drop_pct is None
-            else (a.drop_pct * n1 + b.drop_pct * n2) / (n1 + n2)
-        )
-    return float(100.0 * (ref - mean) / abs(ref))
+    return float(100.0 * (ref - mean) / drift_scale(ref))  # the drift's one rule for a zero fp32 mean
 
 
 def _slower(rows: Rows, chosen: CandidateRow) -> None:
@@ -206,18 +199,17 @@ def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device
     return _drift_of(report, name, s.reference, episodes)
 
 
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
-def _drift_of(report: dict[str, Any], name: str, reference: str, episodes: int) -> Drift:
-    models = bench_models(report)
-    m, d = models[name], models[name].get("drift") or {}
-    if "reward_drop_pct" not in d:
+def _drift_of(report: BenchReport, name: str, reference: str, episodes: int) -> Drift:
+    m = report.model(name)
+    if m.drift is None:
         raise QuarlError(f"no paired episodes for {name}", "run again; the runner reported none")
-    lo, hi = (_finite(x) for x in (d.get("rel_ci95") or [None, None]))
-    return Drift(_finite(d["reward_drop_pct"]), None if lo is None or hi is None else (-100 * hi, -100 * lo), episodes,
-                 m["reward"]["mean"], models[reference]["reward"]["mean"])  # fmt: skip
+    mean, ref_mean = m.reward.mean, report.model(reference).reward.mean
+    if mean is None or ref_mean is None:  # a drift exists only over finished pairs: both have a mean
+        raise QuarlError(f"no finished episodes for {name} or {reference}", "run again")
+    lo, hi = m.drift.drop_ci95_pct  # None: unbounded (one paired episode)
+    return Drift(
+        m.drift.reward_drop_pct, None if lo is None or hi is None else (lo, hi), episodes, mean, ref_mean
+    )
 
 
 def _choice(row: CandidateRow, ref: CandidateRow) -> Choice:

@@ -34,7 +34,7 @@ def agreement(manifest: Manifest, ref: np.ndarray, actions: np.ndarray) -> float
     from quarl_edge.bench.run import _agreement
 
     a = _agreement(manifest, ref.tolist(), actions.tolist())
-    return float(a["value"]) if a else 0.0
+    return a.value if a else 0.0
 
 
 def model_agreement(bundle: Path, model: str, manifest: Manifest, trace: Trace, ref: np.ndarray) -> float:

@@ -98,7 +98,7 @@ def write_outputs(result: TuneResult, cfg: TuneConfig, device: dict[str, Any], t
         copy_measured(Path(result.bundle), tmp, measured, tune, cfg.sign_key)
         report = bench(tmp, BenchConfig(episodes=episodes, seed=cfg.seed, threads=c.threads,
                                         latency_samples=cfg.latency_samples, models=tuple(names[1:])),
-                       device=device, transport=transport)  # fmt: skip
+                       device=device, transport=transport).to_dict()  # fmt: skip
         claim(
             files[3], BUNDLE, name="the tuned bundle"
         )  # again, just before the swap: the bench took a while

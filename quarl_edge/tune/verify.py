@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from quarl_edge.bench.fleet_result import FLEET_FORMAT, FLEET_VERSION
 from quarl_edge.bench.report import REPORT_FORMAT, REPORT_VERSION
+from quarl_edge.outputs import json_format
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError, QuarlError
@@ -24,6 +26,13 @@ from quarl_edge.tune.result import TuneResult
 def read_tune_json(path: str | Path) -> tuple[dict[str, Any], TuneResult] | None:
     """tune.json's report and its checked tune block; None for a bench report without one."""
     path = Path(path)
+    if json_format(path) == FLEET_FORMAT:  # tune writes one device's report; a fleet carries no tune block
+        fleet = read_artifact(path, FLEET_FORMAT, FLEET_VERSION, "bench report", "re-run `quarl-edge bench`")
+        sections = fleet.get("reports")
+        if isinstance(sections, dict) and any(isinstance(r, dict) and "tune" in r for r in sections.values()):
+            raise InputError(f"{str(path)!r} is a fleet report carrying a tune block, which tune never writes",
+                             "gate the tune.json that `quarl-edge tune` wrote")  # fmt: skip
+        return None
     data = read_artifact(path, REPORT_FORMAT, REPORT_VERSION, "bench report", "re-run `quarl-edge bench`")
     if "tune" not in data:
         return None
