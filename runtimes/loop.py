@@ -41,22 +41,30 @@ from .realtime import OsSetting, RealtimeConfig, RealtimeSession
 if TYPE_CHECKING:
     from .policy import Action, Policy
 
-MAX_HZ = 1e9  # one step per nanosecond: the clock's resolution
+MIN_HZ = 0.01
+"""the slowest rate the runner accepts (a period of 100 s)"""
+MAX_LOOP_HZ = 100_000.0
+"""the fastest: a 10 us period leaves no room for a Python act(), let alone a warm-up"""
 
 
 def check_hz(hz: float | None, flag: str = "--hz") -> float | None:
-    """``hz`` as a control rate (None: no in-loop measurement); an InputError for 0, negative, nan, inf."""
+    """``hz`` as a control rate the loop runner can pace (None: no in-loop measurement); an InputError for
+    0, negative, nan, inf, or a rate outside MIN_HZ..MAX_LOOP_HZ."""
     if hz is None:
         return None
-    if isinstance(hz, bool) or not isinstance(hz, int | float) or not (0 < hz <= MAX_HZ):
-        raise InputError(f"{flag} must be a control rate in steps per second above 0 (got {hz!r})",
-                         f"e.g. {flag} 50")  # fmt: skip
+    if isinstance(hz, bool) or not isinstance(hz, int | float) or not (MIN_HZ <= hz <= MAX_LOOP_HZ):
+        raise InputError(f"{flag} must be a control rate from {MIN_HZ:g} to {MAX_LOOP_HZ:g} steps per second "
+                         f"(got {hz!r})", f"e.g. {flag} 50")  # fmt: skip
     return float(hz)
 
 
 @dataclass(frozen=True)
 class InLoopStats:
-    """act() latency over every closed-loop step of a model, and the steps over the period's budget."""
+    """act() latency over the closed-loop steps of a model, and the steps over the period's budget.
+
+    Paced (``bench --hz``: the episodes run in the loop runner at the rate, warm-up before every other
+    step), the main figures are over the steps with a warm-up, ``no_warmup_*`` over the others: the two
+    side by side, in the same run, on the same episodes."""
 
     hz: float
     budget_us: float
@@ -73,43 +81,72 @@ class InLoopStats:
     mean_us: float
     first_call_ms: float | None
     """the model's first inference after load (cold: before any warm-up)"""
+    paced: bool = False
+    """the steps ran at the rate, with real idle time between them (the loop runner's Pace)"""
+    overruns: int = 0
+    """paced steps whose act() + env.step ended after the next deadline (the loop skipped a period)"""
+    no_warmup_steps: int = 0
+    no_warmup_p50_us: float | None = None
+    no_warmup_p99_us: float | None = None
+    no_warmup_miss_rate: float | None = None
+    os_settings: tuple[str, ...] = ()
+    """the OS settings the loop runner applied (runtimes.realtime), e.g. ``sched_fifo``"""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["os_settings"] = list(self.os_settings)
+        return d
 
 
 def in_loop_stats(
-    act_ns: Iterable[Sequence[int] | None], hz: float, first_call_ms: float | None = None
+    act_ns: Iterable[Sequence[int] | None],
+    hz: float,
+    first_call_ms: float | None = None,
+    warmed: Iterable[Sequence[bool] | None] | None = None,
+    overruns: int = 0,
+    os_settings: Sequence[str] = (),
 ) -> InLoopStats | None:
-    """The stats over every episode's act() times (None when no step was timed)."""
+    """The stats over every episode's act() times (None when no step was timed). ``warmed``: per episode,
+    per step, whether a warm-up ran before it (paced episodes): the main figures are over those steps,
+    ``no_warmup_*`` over the others."""
     chunks = [np.asarray(a, dtype=np.int64) for a in act_ns if a]
     if not chunks:
         return None
     ns = np.concatenate(chunks)
+    flags = [np.asarray(w, dtype=bool) for w in warmed if w] if warmed is not None else []
+    paced = bool(flags) and sum(f.size for f in flags) == ns.size
+    warm = np.concatenate(flags) if paced else np.ones(ns.size, bool)
+    if not warm.any():  # paced without a single warm-up (every step overran): the figures are the others'
+        warm = np.ones(ns.size, bool)
     budget_ns = 1e9 / hz
-    us = ns.astype(np.float64) / 1e3
-    over = int(np.count_nonzero(ns > budget_ns))
+    main, other = ns[warm], ns[~warm]
+    us = main.astype(np.float64) / 1e3
+    over = int(np.count_nonzero(main > budget_ns))
+    cold = other.astype(np.float64) / 1e3
     return InLoopStats(
         hz=hz,
         budget_us=budget_ns / 1e3,
-        steps=int(ns.size),
+        steps=int(main.size),
         over_budget=over,
-        miss_rate=over / ns.size,
+        miss_rate=over / main.size,
         p50_us=float(np.percentile(us, 50)),
         p99_us=float(np.percentile(us, 99)),
         p999_us=float(np.percentile(us, 99.9)),
         max_us=float(us.max()),
         mean_us=float(us.mean()),
         first_call_ms=first_call_ms if first_call_ms is None or math.isfinite(first_call_ms) else None,
+        paced=paced,
+        overruns=overruns,
+        no_warmup_steps=int(other.size),
+        no_warmup_p50_us=float(np.percentile(cold, 50)) if cold.size else None,
+        no_warmup_p99_us=float(np.percentile(cold, 99)) if cold.size else None,
+        no_warmup_miss_rate=float(np.count_nonzero(other > budget_ns) / other.size) if other.size else None,
+        os_settings=tuple(os_settings),
     )
 
 
 # ---- the loop runner ----------------------------------------------------------------------------------
 
-MIN_HZ = 0.01
-"""the slowest rate the runner accepts (a period of 100 s)"""
-MAX_LOOP_HZ = 100_000.0
-"""the fastest: a 10 us period leaves no room for a Python act(), let alone a warm-up"""
 CALIBRATION_CALLS = 5
 """warm-up calls and short sleeps timed before the first deadline, to start the automatic lead and spin"""
 WINDOW = 64
@@ -452,12 +489,17 @@ class Pace:
                 pace.done(act_ns)          # the step's end: overrun? the next deadline
         result = pace.result()
 
-    The OS settings of ``cfg.realtime`` hold between ``__enter__`` and ``__exit__`` (undone on any exit)."""
+    The OS settings of ``cfg.realtime`` hold between ``__enter__`` and ``__exit__`` (undone on any exit).
+    ``alternate``: the warm-up before every other step only (``warmed`` says which), so that one run
+    measures act() with and without it side by side (``bench --hz``)."""
 
-    def __init__(self, policy: Policy, cfg: LoopConfig) -> None:
+    def __init__(self, policy: Policy, cfg: LoopConfig, alternate: bool = False) -> None:
         if not isinstance(cfg, LoopConfig):
             raise InputError("cfg must be a LoopConfig", "e.g. LoopConfig(hz=50, steps=1000)")
-        self.cfg = cfg
+        self.cfg, self.alternate = cfg, alternate
+        self.warmed = False
+        """whether a warm-up ran before the step ``wait`` last returned for (not: none was due, or the
+        step before ended too late for one)"""
         self._pacer = _Pacer(policy, cfg)
         self._session = RealtimeSession(cfg.realtime)
         self._rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup", "calls")}
@@ -480,11 +522,15 @@ class Pace:
         if self._first is None:
             self._pacer.calibrate(obs)
             self._first = self._deadline = clock() + self._pacer.period
+        if self.alternate and self.steps % 2:
+            obs = None
         self._warm, self._calls = self._pacer.wait(self._deadline, obs)
+        self.warmed = self._calls > 0
         self._start = clock()
 
-    def done(self, act_ns: int) -> None:
-        """The step's work ended now (``act_ns``: its act() alone): record it, set the next deadline."""
+    def done(self, act_ns: int) -> bool:
+        """The step's work ended now (``act_ns``: its act() alone): record it, set the next deadline;
+        whether the step overran (its work ended after the next deadline)."""
         end = time.monotonic_ns()
         first, deadline, period, rec = self._first or 0, self._deadline, self._pacer.period, self._rec
         for key, value in (("deadline", deadline - first), ("start", self._start - first), ("act", act_ns),
@@ -492,12 +538,14 @@ class Pace:
             rec[key].append(value)
         self.steps += 1
         deadline += period
-        if end > deadline:  # overrun: the first deadline still ahead, never a burst of late steps
+        late = end > deadline
+        if late:  # overrun: the first deadline still ahead, never a burst of late steps
             missed = (end - deadline) // period + 1
             self.overruns += 1
             self.skipped += missed
             deadline += missed * period
         self._deadline = deadline
+        return late
 
     def result(self, returns: Sequence[float] = (), lengths: Sequence[int] = ()) -> LoopResult:
         return _result(self.cfg, self._pacer, self.settings, self._rec, self.overruns, self.skipped,
