@@ -14,7 +14,7 @@ import pytest
 from conftest import _export_shipped, assert_discriminating, assert_one_error
 
 from quarl_edge.field.calibration import calibration_trace, field_trace
-from quarl_edge.field.render import load_field_report
+from quarl_edge.field.render import load_field_report, write_field_report
 from quarl_edge.field.report import FieldReport, field_report
 from quarl_edge.runtimes import load_policy
 from quarl_edge.runtimes.errors import InputError
@@ -161,3 +161,37 @@ def test_field_logs_become_calibration_data(
     assert [m["source"] for m in merged.meta["merged"]] == ["rollouts", "field-log"]
     with pytest.raises(InputError, match="the calibration sources differ"):
         calibration_trace([cartpole_calib, tmp_path / "log"])
+
+
+def test_gate_on_a_field_report(pendulum_bundle: Path, tmp_path: Path, cli: Any) -> None:
+    """The field thresholds decide (exit 1 over them, 0 under), JUnit and Markdown name the field checks;
+    a bench threshold on a field report, a field threshold on a bench report, or none at all: one line."""
+    log_pushed_out(pendulum_bundle, tmp_path / "log", n=60)
+    r = write_field_report(field_report(tmp_path / "log", pendulum_bundle), tmp_path / "rep", [])
+    err, oor = r.action_error, 100 * (r.out_of_range_rate or 0)
+    over = cli("gate", tmp_path / "rep", "--max-action-error", f"{err / 2:.6f}", "--max-out-of-range", f"{oor + 1}%",
+               "--junit", tmp_path / "g.xml", "--markdown", tmp_path / "g.md", "--json")  # fmt: skip
+    assert over.returncode == 1, over.stderr
+    checks = {c["name"]: c for c in json.loads(over.stdout)["checks"]}
+    assert (checks["field_action_error"]["passed"], checks["field_out_of_range"]["passed"]) == (False, True)
+    assert "FAIL" in over.stderr and "action error p99 vs fp32 on 60 field observations" in over.stderr
+    assert 'classname="onnx-int8"' in (tmp_path / "g.xml").read_text()
+    assert (tmp_path / "g.md").read_text().startswith("## quarl-edge gate: FAIL (pendulum-sac in the field)")
+    under = cli("gate", tmp_path / "rep" / "field.json", "--max-action-error", f"{err + 0.01:.6f}",
+                "--max-out-of-range", f"{oor + 1}%", "--min-agreement", "0.5")  # fmt: skip
+    assert under.returncode == 0, under.stderr
+    assert (
+        cli("gate", tmp_path / "rep", "--max-out-of-range", f"{oor / 2}%").returncode == 1
+    )  # the limit decides
+    line = assert_one_error(
+        cli("gate", tmp_path / "rep", "--max-reward-drop", "2%", "--max-action-error", "1")
+    )
+    assert "--max-reward-drop does not apply to a field report" in line
+    assert "nothing to check on a field report" in assert_one_error(cli("gate", tmp_path / "rep"))
+    for bad in ("-1", "nan"):
+        assert "--max-action-error" in assert_one_error(
+            cli("gate", tmp_path / "rep", "--max-action-error", bad)
+        )
+    assert "--max-out-of-range" in assert_one_error(
+        cli("gate", tmp_path / "rep", "--max-out-of-range", "101%")
+    )

@@ -142,6 +142,8 @@ def test_gate_without_in_loop_data_and_bad_rates_are_one_line_errors(
     assert "no in-loop latency" in line and "quarl-edge bench --bundle B --hz 50" in line
     for bad in ("101%", "-1%", "nan"):
         assert_one_error(cli("gate", path, "--max-miss-rate", bad))
+    line = assert_one_error(cli("gate", path, "--max-action-error", "0.1"))
+    assert "--max-action-error does not apply to a bench report" in line and "field report" in line
     for rate in ("0", "-50", "nan", "inf"):
         out = tmp_path / f"hz{rate}.json"
         line = assert_one_error(cli("bench", "--bundle", cartpole_bundle, "--hz", rate, "--out", out))

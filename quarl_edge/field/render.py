@@ -133,6 +133,11 @@ def write_field_report(r: FieldReport, out: Path, reads: list[tuple[str, Path | 
     return r
 
 
+def is_field_report(path: Path) -> bool:
+    """A field report folder of ours, or its field.json (the gate reads either)."""
+    return _is_field_report(path) or (path.is_file() and json_format(path) == REPORT_FORMAT)
+
+
 def load_field_report(path: str | Path) -> FieldReport:
     """A field report folder (or its field.json), every field validated; a one-line InputError otherwise."""
     path = Path(path)
