@@ -256,7 +256,7 @@ class FieldLogger:
             if self._closed:
                 return
             self._closed = True
-        self.record = self.rehearse = _ignore  # type: ignore[method-assign]  # acting on, unlogged
+        self.record = self.rehearse = _ignore  # type: ignore[method-assign,assignment]  # acting on, unlogged
         if self.failed is None:
             self._close_chunk()
         else:

@@ -254,6 +254,7 @@ def gate(
     """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
     A fleet report (`bench --device a,b`): every device's models, each failure naming its device. A field
     report (`field report`): the deployed model's action error and out-of-range rate in the field."""
+    from quarl_edge.bench.fleet_result import FleetReport
     from quarl_edge.bench.report import read_report
     from quarl_edge.field.gate import evaluate_field, refuse_thresholds
     from quarl_edge.field.render import is_field_report, load_field_report
@@ -294,7 +295,7 @@ def gate(
         info(c.message, label="FAIL", style="bold red")
     if failed:
         raise typer.Exit(1)
-    if field:
+    if not isinstance(data, FleetReport):
         info("the deployed model is within the thresholds on the field's observations", label="PASS",
              style="bold green")  # fmt: skip
         return
