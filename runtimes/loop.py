@@ -1,4 +1,4 @@
-"""The control loop: a fixed-rate loop runner (``run_loop``) and the in-loop statistics of ``bench --hz``.
+"""The control loop: a fixed-rate loop runner (``run_loop``, and ``Pace`` for a loop another function drives).
 
 ``run_loop(policy, LoopConfig(hz=50, steps=1000), env=env)`` (or ``read_obs=``/``write_action=`` callbacks
 for a robot's own sensors and actuators) runs ``policy.act`` once per period on absolute deadlines of the
@@ -7,10 +7,10 @@ monotonic clock:
 - **skip, never burst**: a step whose work (read, act, write) ends after the next deadline is an overrun;
   the loop then waits for the first deadline still ahead and counts the periods it skipped, so it never
   runs two steps back to back to catch up;
-- **pre-deadline warm-up**: a lead before each deadline, one throw-away act() on the last observation
-  (``Policy.rehearse``: no effect on the policy's state, stats or log) brings the model's code and data
-  back into the caches and the core out of its idle state; the lead follows the measured cost of that
-  warm-up and the sleep's wake-up delay unless it is given;
+- **pre-deadline warm-up**: from a lead before each deadline, throw-away act() calls on the last
+  observation (``Policy.rehearse``: no effect on the policy's state, stats or log) until the deadline is
+  one call away bring the code and data act() needs back into the caches; the lead follows the measured
+  cost of those calls and the sleep's wake-up delay unless it is given (runtimes.pacing);
 - **a final spin** to the deadline: the sleep ends a little early (the measured wake-up delay) and the
   rest is a busy wait, so the step starts on time;
 - **OS settings** (runtimes.realtime): CPU affinity, SCHED_FIFO, mlockall, a 1 ns timer slack and a
@@ -20,8 +20,7 @@ Why: after a sleep the caches, TLB and branch predictors are cold and the core m
 Measured here before this runner (CartPole int8): act() p50 17 us in a tight loop, 219-234 us in a loop
 that sleeps to 50 Hz.
 
-``in_loop_stats`` is what ``bench --hz`` reports: every ``Policy.act`` of its closed-loop episodes timed
-against a period's budget (1/RATE).
+What ``bench --hz`` reports of the steps it paces with ``Pace`` is runtimes.inloop.
 """
 
 from __future__ import annotations
@@ -29,165 +28,21 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import InputError
+from .inloop import check_hz
+from .pacing import Pacer
 from .realtime import OsSetting, RealtimeConfig, RealtimeSession
 
 if TYPE_CHECKING:
     from .policy import Action, Policy
 
-MIN_HZ = 0.01
-"""the slowest rate the runner accepts (a period of 100 s)"""
-MAX_LOOP_HZ = 100_000.0
-"""the fastest: a 10 us period leaves no room for a Python act(), let alone a warm-up"""
-
-
-def check_hz(hz: float | None, flag: str = "--hz") -> float | None:
-    """``hz`` as a control rate the loop runner can pace (None: no in-loop measurement); an InputError for
-    0, negative, nan, inf, or a rate outside MIN_HZ..MAX_LOOP_HZ."""
-    if hz is None:
-        return None
-    if isinstance(hz, bool) or not isinstance(hz, int | float) or not (MIN_HZ <= hz <= MAX_LOOP_HZ):
-        raise InputError(f"{flag} must be a control rate from {MIN_HZ:g} to {MAX_LOOP_HZ:g} steps per second "
-                         f"(got {hz!r})", f"e.g. {flag} 50")  # fmt: skip
-    return float(hz)
-
-
-@dataclass(frozen=True)
-class InLoopStats:
-    """act() latency over the closed-loop steps of a model, and the steps over the period's budget.
-
-    Paced (``bench --hz``: the episodes run in the loop runner at the rate, warm-up before every other
-    step), the main figures are over the steps with a warm-up, ``no_warmup_*`` over the others: the two
-    side by side, in the same run, on the same episodes."""
-
-    hz: float
-    budget_us: float
-    """the period, 1e6 / hz"""
-    steps: int
-    over_budget: int
-    """steps whose act() took longer than the budget"""
-    miss_rate: float
-    """over_budget / steps"""
-    p50_us: float
-    p99_us: float
-    p999_us: float
-    max_us: float
-    mean_us: float
-    first_call_ms: float | None
-    """the model's first inference after load (cold: before any warm-up)"""
-    paced: bool = False
-    """the steps ran at the rate, with real idle time between them (the loop runner's Pace)"""
-    overruns: int = 0
-    """paced steps whose act() + env.step ended after the next deadline (the loop skipped a period)"""
-    no_warmup_steps: int = 0
-    no_warmup_p50_us: float | None = None
-    no_warmup_p99_us: float | None = None
-    no_warmup_miss_rate: float | None = None
-    os_settings: tuple[str, ...] = ()
-    """the OS settings the loop runner applied (runtimes.realtime), e.g. ``sched_fifo``"""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["os_settings"] = list(self.os_settings)
-        return d
-
-
-def in_loop_stats(
-    act_ns: Iterable[Sequence[int] | None],
-    hz: float,
-    first_call_ms: float | None = None,
-    warmed: Iterable[Sequence[bool] | None] | None = None,
-    overruns: int = 0,
-    os_settings: Sequence[str] = (),
-) -> InLoopStats | None:
-    """The stats over every episode's act() times (None when no step was timed). ``warmed``: per episode,
-    per step, whether a warm-up ran before it (paced episodes): the main figures are over those steps,
-    ``no_warmup_*`` over the others."""
-    chunks = [np.asarray(a, dtype=np.int64) for a in act_ns if a]
-    if not chunks:
-        return None
-    ns = np.concatenate(chunks)
-    flags = [np.asarray(w, dtype=bool) for w in warmed if w] if warmed is not None else []
-    paced = bool(flags) and sum(f.size for f in flags) == ns.size
-    warm = np.concatenate(flags) if paced else np.ones(ns.size, bool)
-    if not warm.any():  # paced without a single warm-up (every step overran): the figures are the others'
-        warm = np.ones(ns.size, bool)
-    budget_ns = 1e9 / hz
-    main, other = ns[warm], ns[~warm]
-    us = main.astype(np.float64) / 1e3
-    over = int(np.count_nonzero(main > budget_ns))
-    cold = other.astype(np.float64) / 1e3
-    return InLoopStats(
-        hz=hz,
-        budget_us=budget_ns / 1e3,
-        steps=int(main.size),
-        over_budget=over,
-        miss_rate=over / main.size,
-        p50_us=float(np.percentile(us, 50)),
-        p99_us=float(np.percentile(us, 99)),
-        p999_us=float(np.percentile(us, 99.9)),
-        max_us=float(us.max()),
-        mean_us=float(us.mean()),
-        first_call_ms=first_call_ms if first_call_ms is None or math.isfinite(first_call_ms) else None,
-        paced=paced,
-        overruns=overruns,
-        no_warmup_steps=int(other.size),
-        no_warmup_p50_us=float(np.percentile(cold, 50)) if cold.size else None,
-        no_warmup_p99_us=float(np.percentile(cold, 99)) if cold.size else None,
-        no_warmup_miss_rate=float(np.count_nonzero(other > budget_ns) / other.size) if other.size else None,
-        os_settings=tuple(os_settings),
-    )
-
-
 # ---- the loop runner ----------------------------------------------------------------------------------
-
-CALIBRATION_CALLS = 5
-"""warm-up calls and short sleeps timed before the first deadline, to start the automatic lead and spin"""
-WINDOW = 64
-"""the automatic lead and spin follow the last WINDOW warm-ups and sleeps (p90 of the cold ones, p50 of
-the warm ones): a loaded machine's rare outlier does not stretch them (a decaying maximum did, to 3 ms at
-50 Hz, here)"""
-WARM_CALLS = 8
-"""the automatic lead leaves room for the first (cold) warm-up and this many more: after a sleep act()
-here took 220 us, then 20, 13, 11 and 10.5 us (tight loop: 10.5 us), so one call is not enough"""
-LEAD_MARGIN = 1.1
-LEAD_SLACK_NS = 20_000
-MIN_SPIN_NS = 5_000
-"""the shortest automatic spin: the clock read and the loop itself take a few microseconds"""
-
-
-class _Quantile:
-    """A quantile of the last WINDOW samples, recomputed every 8th sample (a sort of 64 floats, a few
-    microseconds, between steps)."""
-
-    def __init__(self, q: float) -> None:
-        self.q = q
-        self.samples: list[float] = []
-        self.value = 0.0
-        self._i = 0
-
-    def add(self, x: float) -> None:
-        if len(self.samples) < WINDOW:
-            self.samples.append(x)
-        else:
-            self.samples[self._i % WINDOW] = x
-        self._i += 1
-        if self._i % 8 == 0 or len(self.samples) <= CALIBRATION_CALLS:
-            ordered = sorted(self.samples)
-            self.value = ordered[int(self.q * (len(ordered) - 1))]
-
-
-def _check_rate(hz: Any) -> float:
-    if isinstance(hz, bool) or not isinstance(hz, int | float) or not MIN_HZ <= hz <= MAX_LOOP_HZ:
-        raise InputError(f"hz must be a control rate from {MIN_HZ:g} to {MAX_LOOP_HZ:g} steps per second "
-                         f"(got {str(hz)[:24]!r})", "e.g. hz=50")  # fmt: skip
-    return float(hz)
 
 
 def _check_us(value: Any, name: str, period_us: float) -> float | None:
@@ -219,7 +74,7 @@ class LoopConfig:
     """the OS settings to ask for (affinity, SCHED_FIFO, mlockall, timer slack, frozen GC)"""
 
     def __post_init__(self) -> None:
-        hz = _check_rate(self.hz)
+        hz = float(check_hz(self.hz, "hz", "hz=50", required=True) or 0)
         object.__setattr__(self, "hz", hz)
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):  # fmt: skip
@@ -398,87 +253,6 @@ class EnvDriver:
                 self.done = True
 
 
-class _Pacer:
-    """The waits between steps: a sleep to a lead before the deadline, warm-ups until the deadline is one
-    call away, a spin to it; without a warm-up, a sleep to a spin before the deadline, and the spin."""
-
-    def __init__(self, policy: Policy, cfg: LoopConfig) -> None:
-        self.policy, self.warmup = policy, cfg.warmup
-        self.period = round(1e9 / cfg.hz)
-        self.fixed_lead = None if cfg.lead_us is None else round(cfg.lead_us * 1e3)
-        self.fixed_spin = None if cfg.spin_us is None else round(cfg.spin_us * 1e3)
-        self.first = _Quantile(0.9)  # the wake-up delay and the first, cold warm-up, from its due time
-        self.call = _Quantile(0.5)  # a warm-up after the first
-        self.wake = _Quantile(0.9)  # a sleep's wake-up delay
-        self.missed = 0
-
-    def calibrate(self, obs: Any) -> None:
-        """Start the automatic lead and spin from a few timed warm-ups and short sleeps."""
-        clock, rehearse = time.monotonic_ns, self.policy.rehearse
-        for _ in range(CALIBRATION_CALLS):
-            target = clock() + 100_000
-            time.sleep(1e-4)
-            t0 = clock()
-            self.wake.add(float(t0 - target))
-            if obs is None:
-                continue
-            rehearse(obs)
-            t1 = clock()
-            rehearse(obs)
-            self.call.add(float(clock() - t1))
-            # a cold call costs several warm ones (the figure this runner exists for): start high, the
-            # loop's own warm-ups replace these within a few periods
-            self.first.add(float(t0 - target) + 4.0 * (t1 - t0))
-
-    @property
-    def spin(self) -> int:
-        if self.fixed_spin is not None:
-            return self.fixed_spin
-        return min(self.period // 4, max(MIN_SPIN_NS, round(LEAD_MARGIN * self.wake.value)))
-
-    @property
-    def lead(self) -> int:
-        if self.fixed_lead is not None:
-            return self.fixed_lead
-        want = LEAD_MARGIN * self.first.value + WARM_CALLS * self.call.value + LEAD_SLACK_NS
-        return min(self.period // 2, round(want))
-
-    def wait(self, deadline: int, obs: Any) -> tuple[int, int]:
-        """Wait for ``deadline``, warming up first when there is an observation and time for it; returns
-        the time the warm-ups took (ns) and their number (0, 0: none ran)."""
-        clock = time.monotonic_ns
-        if self.warmup and obs is not None:
-            at = deadline - self.lead
-            now = clock()
-            if now < at:
-                rehearse = self.policy.rehearse
-                time.sleep((at - now) / 1e9)
-                t0 = clock()
-                rehearse(obs)
-                now = clock()
-                self.first.add(float(now - at))
-                calls, room = 1, 2 * self.call.value
-                while now + room < deadline:  # warm until one more call might not fit
-                    rehearse(obs)
-                    t = clock()
-                    self.call.add(float(t - now))
-                    now, calls = t, calls + 1
-                while clock() < deadline:  # no sleep after the warm-up: a sleep would cool what it warmed
-                    pass
-                return now - t0, calls
-            self.missed += 1
-        spin = self.spin
-        target = deadline - spin
-        now = clock()
-        if target > now:
-            time.sleep((target - now) / 1e9)
-            if self.fixed_spin is None:
-                self.wake.add(float(clock() - target))
-        while clock() < deadline:
-            pass
-        return 0, 0
-
-
 class Pace:
     """The loop runner's pacing for a loop another function drives (the bench's seeded episodes):
 
@@ -500,7 +274,7 @@ class Pace:
         self.warmed = False
         """whether a warm-up ran before the step ``wait`` last returned for (not: none was due, or the
         step before ended too late for one)"""
-        self._pacer = _Pacer(policy, cfg)
+        self._pacer = Pacer(policy, cfg.hz, cfg.warmup, cfg.lead_us, cfg.spin_us)
         self._session = RealtimeSession(cfg.realtime)
         self._rec = {k: array("q") for k in ("deadline", "start", "act", "work", "warmup", "calls")}
         self.settings: tuple[OsSetting, ...] = ()
@@ -597,7 +371,7 @@ def run_loop(
     return pace.result(driver.returns, driver.lengths)
 
 
-def _result(cfg: LoopConfig, pacer: _Pacer, settings: tuple[OsSetting, ...], rec: dict[str, array],
+def _result(cfg: LoopConfig, pacer: Pacer, settings: tuple[OsSetting, ...], rec: dict[str, array],
             overruns: int, skipped: int, returns: tuple[float, ...], lengths: tuple[int, ...]) -> LoopResult:  # fmt: skip
     a = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in rec.items()}
     trace = LoopTrace(a["deadline"], a["start"], a["act"], a["work"], a["warmup"], a["calls"])

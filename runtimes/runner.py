@@ -21,7 +21,8 @@ from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
 from .facts import is_emulated
-from .loop import InLoopStats, LoopConfig, Pace, check_hz, in_loop_stats
+from .inloop import InLoopStats, check_hz, in_loop_stats
+from .loop import LoopConfig, Pace
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
 from .sustained import SustainedStats, check_duration, sustained

@@ -21,7 +21,7 @@ from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.policy.net import NetArch, build_policy, load_checkpoint
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.loop import in_loop_stats
+from quarl_edge.runtimes.inloop import in_loop_stats
 from quarl_edge.runtimes.realtime import SETTINGS
 
 ABSURD_HZ = 100_000  # a 10 us budget: one 2048x2048 layer alone takes far longer on any CPU

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quarl_edge.bench.result import NAME_MAX, Latency, LinkTiming, in_loop_from_dict, sustained_from_dict
-from quarl_edge.runtimes.loop import InLoopStats
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.sustained import SustainedStats
 from quarl_edge.typed import (
     OMIT_NONE,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quarl_edge.runtimes.loop import InLoopStats
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.sustained import SustainedStats, Window
 from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.stats import Drift

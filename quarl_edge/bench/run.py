@@ -46,7 +46,7 @@ from quarl_edge.devices.preflight import check_ready
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.loop import InLoopStats, check_hz
+from quarl_edge.runtimes.inloop import InLoopStats, check_hz
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
 from quarl_edge.runtimes.runner import episodes_in_loop
 from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
