@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,6 @@ from numpy.typing import ArrayLike
 from .adapters import ModelSession, check_input, open_model
 from .envs import bounds, make_env, split_wrappers
 from .errors import InputError
-from .fieldlog import FLAG_CLIPPED, FLAG_FP32, FLAG_NONFINITE, FLAG_OUT_OF_RANGE, header_of
 from .fsutil import sha256_file
 from .inputs import (
     ON_NONFINITE,
@@ -477,48 +475,6 @@ class Policy:
         )
 
 
-class LoggedPolicy(Policy):
-    """A Policy whose every ``log_every``-th act() is timed and recorded in a field log, with its out-of-range
-    and NaN flags (runtimes.telemetry). A subclass, so that a policy without a log runs the plain act()."""
-
-    log: FieldLogger
-    log_every: int = LOG_EVERY
-    calls: int = 0
-    """act() calls since load (a record's ``step``)"""
-
-    def act(self, obs: ArrayLike) -> Action:
-        self.calls = n = self.calls + 1
-        if n % self.log_every:
-            return Policy.act(self, obs)
-        g = self._guard
-        outside, nonfinite = g.out_of_range, g.nonfinite
-        t0 = time.perf_counter_ns()
-        action = Policy.act(self, obs)
-        t1 = time.perf_counter_ns()
-        flags = 0
-        if g.out_of_range != outside:
-            flags = FLAG_OUT_OF_RANGE | _OOR_FLAGS[self.on_out_of_range]
-        if g.nonfinite != nonfinite:
-            flags |= FLAG_NONFINITE
-        self.log.record(n, t0, self._stacks[-1].frames if self._stacks else obs, action, t1 - t0, flags)
-        return action
-
-    def rehearse(self, obs: ArrayLike) -> None:
-        """``Policy.rehearse``, and the logger's path too: a record made and taken back, so that logging's
-        code and the open chunk's next slot are warm as well."""
-        g = self._guard
-        outside, nonfinite = g.out_of_range, g.nonfinite
-        t0 = time.perf_counter_ns()
-        Policy.rehearse(self, obs)
-        t1 = time.perf_counter_ns()
-        flags = FLAG_OUT_OF_RANGE if g.out_of_range != outside or g.nonfinite != nonfinite else 0
-        self.log.rehearse(self.calls + 1, t0, self._stacks[-1].frames if self._stacks else obs,
-                          self._last if self._last is not None else 0, t1 - t0, flags)  # fmt: skip
-
-
-_OOR_FLAGS = {"count": 0, "clip": FLAG_CLIPPED, "fp32": FLAG_FP32}
-
-
 def load_policy(
     bundle: str | Path,
     model: str | None = None,
@@ -571,13 +527,13 @@ def load_policy(
     count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
     here = check_device(manifest, device)
     verify_model(bundle, entry)
+    from .logged import LoggedPolicy  # only with log_dir: a policy without a log never imports it
+
     kind = Policy if log_dir is None else LoggedPolicy
     policy = kind(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
                   on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
                   device=here)  # fmt: skip
     if isinstance(policy, LoggedPolicy):
-        header = header_of(policy.info, policy.spec.observation_space.dtype)
-        policy.log, policy.log_every = FieldLogger(log_dir, header, log_max_bytes), log_every
-        weakref.finalize(policy, policy.log.close)  # the last chunk at exit, or when the policy goes
+        policy.start_log(log_dir, log_every, log_max_bytes)
     policy.warm_up(warmup)
     return policy
