@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite
+EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite,c
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
 .PHONY: demo test test-fast system-deps lint typecheck pytest bench clean

@@ -38,6 +38,9 @@ class ExportConfig:
     them ("mlp.0", "out"; "cnn.0", "cnn_fc.0"); () quantizes every layer. None: each exporter's default
     (int8: float_io_layers decides; int4 and QAT learned ranges: their fixed choice). An explicit tuple
     overrides float_io_layers; unknown names are refused by quantized_layers before calibration"""
+    c_prebuilt: tuple[str, ...] = ()
+    """machines (aarch64, x86_64, armv7l) to cross-compile a C model's shared object for, shipped in the
+    bundle for boards without a C compiler (exporters/c.py)"""
     activation_type: str = "S8S8"
     """ONNX int8/int4 activation type: S8S8 (int8 activations) or U8S8 (uint8 activations, int8 weights).
     TFLite ignores it (its integer kernels take int8 activations; its manifest says so)"""
@@ -57,6 +60,14 @@ class ExportConfig:
                 f"unknown activation type {self.activation_type!r}",
                 f"choose one of: {', '.join(ACTIVATION_TYPES)}",
             )
+        machines = (self.c_prebuilt,) if isinstance(self.c_prebuilt, str) else tuple(self.c_prebuilt)
+        from quarl_edge.runtimes.ccompiler import ZIG_TARGETS
+
+        odd = next((m for m in machines if m not in ZIG_TARGETS), None)
+        if odd is not None:
+            raise InputError(f"no prebuilt C objects for machine {str(odd)[:32]!r}",
+                             f"choose among: {', '.join(ZIG_TARGETS)}")  # fmt: skip
+        object.__setattr__(self, "c_prebuilt", tuple(dict.fromkeys(machines)))
         if self.float_layers is not None:
             if isinstance(self.float_layers, str):  # "out" would otherwise read as ("o", "u", "t")
                 raise InputError(
@@ -113,6 +124,17 @@ def quantized_layers(
     return [n for n in layers if n not in keep], keep
 
 
+@dataclass(frozen=True)
+class ExtraFile:
+    """A file an exporter wrote beside the model's own (a C header, a prebuilt shared object)."""
+
+    path: Path
+    role: str
+    """``header`` or ``shared-object`` (runtimes.manifest.FILE_ROLES)"""
+    machine: str | None = None
+    built_by: str | None = None
+
+
 @dataclass
 class ExportedModel:
     """What an exporter produced; the bundle writer adds name, sha256 and size."""
@@ -124,6 +146,8 @@ class ExportedModel:
     io: dict[str, Any] = field(default_factory=dict)
     toolchain: dict[str, str] = field(default_factory=dict)
     """converter, quantizer and the runtime that read the parameters back, with versions"""
+    files: list[ExtraFile] = field(default_factory=list)
+    """the model's other files, in the same folder as ``file`` (the manifest hashes each)"""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from quarl_edge.runtimes.fsutil import (
     temp_dir_prefix,
 )
 from quarl_edge.runtimes.inputs import calibration_range
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, save_trace
 
@@ -170,6 +170,17 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                     quantization=out.quantization,
                     io=out.io,
                     toolchain=out.toolchain,
+                    files=tuple(
+                        ModelFile(
+                            f.path.name,
+                            f.role,
+                            sha256_file(f.path),
+                            f.path.stat().st_size,
+                            f.machine,
+                            f.built_by,
+                        )
+                        for f in out.files
+                    ),
                 )
             )
         trace = calib.subsample(TRACE_SAMPLES, seed=2)

@@ -68,12 +68,12 @@ def check_input(session: ModelSession, obs_space: SpaceSpec, path: Path) -> None
 
 
 def _load_builtin_adapters() -> None:
-    # Each adapter module imports its runtime only when a model is opened, so both register on a
+    # Each adapter module imports its runtime only when a model is opened, so all register on a
     # device that has one runtime; opening a model of the other format then names the install command.
     # An adapter module that fails to import at all (a broken install) must not take the other down.
     import contextlib
     import importlib
 
-    for name in ("onnx", "litert"):
+    for name in ("onnx", "litert", "c"):
         with contextlib.suppress(ImportError):
             importlib.import_module(f"{__package__}.{name}")

@@ -488,3 +488,22 @@ def on_board(board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     (tmp_path / "host-home").mkdir()
     return board.device(tmp_path / "xdg" / "quarl-edge", tmp_path / "known_hosts")
+
+
+# ---- C export (issue 31): zoo bundles with ONNX and C models, exported once per session ------------
+
+C_TARGETS = ("onnx-fp32", "onnx-int8", "c-fp32", "c-int8")
+
+
+@pytest.fixture(scope="session")
+def c_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> a bundle of that zoo policy with C_TARGETS, exported on first use, once per session."""
+    root = tmp_path_factory.mktemp("c-bundles")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = _export_shipped(root / name, POLICIES / name, CALIB / f"{name}.npz", C_TARGETS)
+        return made[name]
+
+    return get

@@ -132,7 +132,7 @@ def record(
 def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
-    to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
+    to: Annotated[str, typer.Option("--to", help="comma-separated, of {onnx,tflite}-{fp32,fp16,int8}, c-{fp32,int8}")] = "onnx-fp32,onnx-fp16,onnx-int8",
     calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="recorded rollouts (.npz) or a field log folder (`field pull`); repeat to merge several")] = None,
     method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
     percentile: Annotated[float, typer.Option("--percentile")] = 99.999,
@@ -142,16 +142,18 @@ def export(
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
     sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key (ssh-keygen -t ed25519 -N '' -f KEY): sign the manifest")] = None,
+    c_prebuilt: Annotated[str | None, typer.Option("--c-prebuilt", help="c-* models: also cross-compile a shared object for these machines (aarch64, x86_64, armv7l; comma-separated)")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
+    """Export ONNX, TFLite (fp32 / fp16 / int8) and C (fp32 / int8) models into a bundle with a manifest."""
     from quarl_edge.bundle import BundleRequest, export_bundle
     from quarl_edge.exporters.base import ExportConfig
     from quarl_edge.exporters.targets import resolve_targets
     from quarl_edge.policy.load import load_policy
 
     cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
-                       float_io_layers=not full_int8)  # fmt: skip
+                       float_io_layers=not full_int8,
+                       c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()))  # fmt: skip
     targets = tuple(resolve_targets(to))
     pol = load_policy(policy, env, algo, vecnormalize)
     reads = (("policy", policy), ("VecNormalize file", vecnormalize), ("signing key", sign))

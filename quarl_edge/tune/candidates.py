@@ -14,7 +14,7 @@ from quarl_edge.tune.config import KINDS
 if TYPE_CHECKING:
     from quarl_edge.bundle import Variant
 
-FORMATS = ("onnx", "tflite")
+FORMATS = ("onnx", "tflite", "c")
 PRECISIONS = ("fp32", "fp16", "int8")
 ACTIVATIONS = ("S8S8", "U8S8")
 __all__ = ["KINDS", "Candidate", "grid"]
@@ -104,11 +104,15 @@ def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
     """fp32 and fp16 of each format, int8 of each with every calibration method (default float layers),
     and the runtime options that change an int8 model's kernels: ONNX uint8 activations (U8S8, what ORT
     prefers on x86 without VNNI) and the other weight granularity (per-channel for an MLP, per-tensor for
-    a CNN; TFLite per-tensor). The first is the reference every other is compared with."""
+    a CNN; TFLite per-tensor); C (exporters/c.py) fp32 and int8 for an MLP. The first is the reference
+    every other is compared with."""
     from quarl_edge.exporters.base import CALIBRATION_METHODS  # torch: see Candidate.variant
 
     out = []
     for fmt in formats:
+        if fmt == "c":  # MLPs only; c-int8 is onnx-int8's graph, so one calibration method is enough
+            out += [] if cnn else [Candidate(fmt, "fp32"), Candidate(fmt, "int8")]
+            continue
         out += [Candidate(fmt, "fp32"), Candidate(fmt, "fp16")]
         out += [Candidate(fmt, "int8", m) for m in CALIBRATION_METHODS]
         if fmt == "onnx":

@@ -60,6 +60,8 @@ def device_formats(facts: dict[str, Any], device: str) -> tuple[str, ...]:
     runtimes = facts.get("runtimes") or {}
     formats = tuple(f for f, mods in (("onnx", ("onnxruntime",)), ("tflite", TFLITE_RUNTIMES))
                     if any(runtimes.get(m) for m in mods))  # fmt: skip
+    if formats and facts.get("c_compiler") and runtimes.get("numpy"):  # C candidates: a compiler there
+        formats += ("c",)
     if not formats:
         raise InputError(f"device {device!r} has no runtime for any format (onnxruntime or LiteRT)",
                          f"install one there with `quarl-edge devices setup {device}`")  # fmt: skip
@@ -80,7 +82,7 @@ def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], l
     cands = [everything[0]] + [c for c in everything[1:] if c.kind in kinds]  # the reference stays
     default = default_float_layers(s.policy)
     evidence = []
-    for fmt in formats if "int8-layers" in kinds else ():
+    for fmt in [f for f in formats if f != "c"] if "int8-layers" in kinds else ():
         found, ev = layer_search(s.policy, fmt, s.proxy(), s.probe, s.over_budget, s.log)
         evidence.append(ev)
         for c in found:
