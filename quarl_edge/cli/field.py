@@ -54,7 +54,7 @@ def pull(
 def report(
     logs: Annotated[Path, typer.Argument(help="a field log folder (pulled, or written here)")],
     bundle: Annotated[Path, typer.Option("--bundle", help="the bundle the log was written with (or, with --replay, another of that policy)")],
-    out: Annotated[Path, out_option("report folder: field.json, field.md, PNG plots")],
+    out: Annotated[Path | None, out_option("report folder: field.json, field.md, PNG plots (default: reports/field-LOGNAME)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="the model to evaluate (default: the logged one)")] = None,
     replay: Annotated[bool, typer.Option("--replay", help="evaluate another bundle of the policy on the logged observations (e.g. a re-export calibrated on them)")] = False,
     as_json: JsonOpt = False,
@@ -64,6 +64,7 @@ def report(
     from quarl_edge.field.render import write_field_report
     from quarl_edge.field.report import field_report
 
+    out = out or Path("reports") / f"field-{logs.resolve().name}"
     r = field_report(logs, bundle, model, replay)
     r = write_field_report(r, out, [("field log", logs), ("bundle", bundle)])
     if as_json:
