@@ -19,6 +19,7 @@ from quarl_edge.exporters.base import (
     ExportContext,
 )
 from quarl_edge.exporters.targets import resolve_targets
+from quarl_edge.field.calibration import calibration_trace
 from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.parity import parity_line, source_parity
 from quarl_edge.policy.net import Policy
@@ -37,7 +38,7 @@ from quarl_edge.runtimes.fsutil import (
 from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
-from quarl_edge.runtimes.trace import Trace, load_observations, save_trace
+from quarl_edge.runtimes.trace import Trace, save_trace
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -60,6 +61,9 @@ class BundleRequest:
     out: Path
     targets: tuple[str, ...]
     calibration: Path | None = None
+    """recorded rollouts (.npz) or a field log folder (load_policy(..., log_dir=...): what a robot saw)"""
+    more_calibration: tuple[Path, ...] = ()
+    """more of either, merged after ``calibration`` into one calibration set (quarl_edge.field.calibration)"""
     config: ExportConfig = ExportConfig()
     record_episodes: int = 10
     """episodes recorded on the fly when no calibration file is given"""
@@ -74,14 +78,21 @@ class BundleRequest:
     """an ed25519 private key: the bundle gets a manifest.sig (runtimes/signing.py) before it appears"""
 
     def inputs(self) -> list[tuple[str, Path | None]]:
-        return [("calibration file", self.calibration), *self.reads]
+        sources = [("field log" if p.is_dir() else "calibration file", p) for p in self.calibration_sources()]
+        return [*sources, *self.reads]
+
+    def calibration_sources(self) -> list[Path]:
+        return [] if self.calibration is None else [self.calibration, *self.more_calibration]
 
 
 def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Trace:
-    if req.calibration is not None:  # a recorded trace, or observations a robot logged (no env here)
-        trace = load_observations(req.calibration)
-        check_trace_fits(trace, policy, req.calibration)
+    sources = req.calibration_sources()
+    if sources:  # recorded rollouts, observations a robot logged (no env here), field log folders
+        trace = calibration_trace(sources)  # a single .npz is read as it always was: load_observations
+        check_trace_fits(trace, policy, ", ".join(map(str, sources)))
         return trace
+    if req.more_calibration:
+        raise InputError("more calibration data was given without the first", "pass it as calibration")
     log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")
     return record(policy, RecordConfig(episodes=req.record_episodes, epsilon=0.1, seed=0, max_samples=5000))
 
@@ -185,6 +196,8 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
         calibration = {
             "file": str(req.calibration) if req.calibration else None,
             "recorded_on_the_fly": req.calibration is None,
+            **({"sources": calib.meta["merged"]} if "merged" in calib.meta else {}),
+            **({"source": calib.meta["source"]} if "source" in calib.meta else {}),
             "sha256": calib.sha256,
             "samples": calib.samples,
             "samples_used": int(len(calib_obs)),

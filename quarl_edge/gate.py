@@ -10,6 +10,10 @@ in its range.
 One device is a fleet of one: a fleet report (`bench --device a,b`) is gated device by device, and the
 table, the JUnit file (a testsuite per device) and the Markdown name the device of every check; one
 device's report reads as before, without a device column.
+
+A field report (`quarl-edge field report`: the deployed model vs fp32 on the robot's own observations) is
+gated on its action error and out-of-calibration-range rate (quarl_edge.field.gate); the same table, JUnit
+and Markdown.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.result import BenchReport, ModelResult
+from quarl_edge.field.report import FieldReport
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
@@ -56,9 +61,12 @@ class GateConfig:
     max_miss_rate_pct: float | None = None
     """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
     max_action_error: float | None = None
-    """largest allowed action error vs fp32 on the recorded observations: max |Δa| in action units for
-    continuous actions, the share of differing actions for discrete ones (reports whose reward was not
-    measured, because the environment cannot run here, are gated by this)"""
+    """largest allowed action error vs fp32: on a bench report, on the recorded observations, max |Δa| in
+    action units for continuous actions, the share of differing actions for discrete ones (reports whose
+    reward was not measured, because the environment cannot run here, are gated by this); on a field
+    report, on the robot's own observations (continuous: p99 of |deployed - fp32| in action units)"""
+    max_out_of_range_pct: float | None = None
+    """a field report's largest allowed share of observations outside the calibration range, in %"""
 
     def __post_init__(self) -> None:
         # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
@@ -66,7 +74,8 @@ class GateConfig:
                                      ("--min-agreement", self.min_agreement, "0.95"),
                                      ("--max-p99-ms", self.max_p99_ms, "5"),
                                      ("--max-miss-rate", self.max_miss_rate_pct, "1%"),
-                                     ("--max-action-error", self.max_action_error, "0.05")):  # fmt: skip
+                                     ("--max-action-error", self.max_action_error, "0.05"),
+                                     ("--max-out-of-range", self.max_out_of_range_pct, "5%")):  # fmt: skip
             if value is not None and not math.isfinite(value):
                 raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
         if self.max_action_error is not None and self.max_action_error < 0:
@@ -79,6 +88,8 @@ class GateConfig:
             raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
         if self.max_miss_rate_pct is not None and not 0 <= self.max_miss_rate_pct <= 100:
             raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
+        if self.max_out_of_range_pct is not None and not 0 <= self.max_out_of_range_pct <= 100:
+            raise InputError("--max-out-of-range must be between 0% and 100%", "e.g. --max-out-of-range 5%")
 
 
 def parse_percent(text: str, flag: str = "--max-reward-drop") -> float:
@@ -256,10 +267,22 @@ def passed(checks: list[Check]) -> bool:
     return all(c.passed for c in checks)
 
 
-def check_rows(report: FleetReport, checks: list[Check]) -> list[list[str]]:
+Gated = FleetReport | FieldReport
+"""what the gate reads: a bench report (a fleet of one or more devices) or a field report"""
+
+
+def _devices(report: Gated) -> tuple[str, ...]:
+    return tuple(report.devices) if isinstance(report, FleetReport) else ("field",)
+
+
+def _policy(report: Gated) -> str:
+    return report.bundle.policy if isinstance(report, FleetReport) else f"{report.policy} in the field"
+
+
+def check_rows(report: Gated, checks: list[Check]) -> list[list[str]]:
     """The gate's table: (device,) model, check, value, limit, result, each number with its unit (shares in
     %, latency in us as bench shows it); the device column for a fleet only."""
-    return [[*([c.device] if len(report.devices) > 1 else []), c.model, c.name,
+    return [[*([c.device] if len(_devices(report)) > 1 else []), c.model, c.name,
              "-" if c.value is None else shown(c.value, c.unit), shown(c.limit, c.unit, limit=True),
              "pass" if c.passed else "FAIL"]
             for c in checks]  # fmt: skip
@@ -274,35 +297,35 @@ def shown(value: float, unit: str, limit: bool = False) -> str:
     return f"{text} %" if unit == "%" else text
 
 
-def check_columns(report: FleetReport) -> list[str]:
-    return [*(["device"] if len(report.devices) > 1 else []), "model", "check", "value", "limit", "result"]
+def check_columns(report: Gated) -> list[str]:
+    return [*(["device"] if len(_devices(report)) > 1 else []), "model", "check", "value", "limit", "result"]
 
 
-def verdict_json(report: FleetReport, checks: list[Check]) -> dict[str, object]:
+def verdict_json(report: Gated, checks: list[Check]) -> dict[str, object]:
     """`gate --json`: the verdict, every check, and per device its own."""
+    all_devices = _devices(report)
 
     def as_json(c: Check) -> dict[str, object]:
-        return {k: v for k, v in asdict(c).items() if k != "device" or len(report.devices) > 1}
+        return {k: v for k, v in asdict(c).items() if k != "device" or len(all_devices) > 1}
 
     devices = {
-        dev: [c for c in checks if c.device == (dev if len(report.devices) > 1 else "")]
-        for dev in report.devices
+        dev: [c for c in checks if c.device == (dev if len(all_devices) > 1 else "")] for dev in all_devices
     }
     return {"passed": passed(checks), "checks": [as_json(c) for c in checks],
             "devices": {dev: {"passed": passed(cs), "checks": [as_json(c) for c in cs]} for dev, cs in devices.items()}}  # fmt: skip
 
 
-def junit_xml(report: FleetReport, checks: list[Check]) -> str:
+def junit_xml(report: Gated, checks: list[Check]) -> str:
     """One testsuite per device (named for its policy, and its device in a fleet), one testcase per checked
     model and check (classname: the model, name: the check), in the JUnit XSD's shape (testsuites >
     testsuite[@tests] > testcase[@name] > failure[@message, @type]). Names and messages are cleaned of
     control characters, which XML 1.0 cannot hold even escaped."""
-    fleet = len(report.devices) > 1
+    fleet = len(_devices(report)) > 1
     root = ET.Element("testsuites", {"tests": str(len(checks)), "failures": str(sum(not c.passed for c in checks)),
                                      "errors": "0"})  # fmt: skip
-    for dev in report.devices:
+    for dev in _devices(report):
         mine = [c for c in checks if c.device == (dev if fleet else "")]
-        name = f"{SUITE} {report.bundle.policy}" + (f" on {dev}" if fleet else "")
+        name = f"{SUITE} {_policy(report)}" + (f" on {dev}" if fleet else "")
         suite = ET.SubElement(root, "testsuite", {"name": clean(name), "tests": str(len(mine)),
                                                   "failures": str(sum(not c.passed for c in mine)), "errors": "0"})  # fmt: skip
         for c in mine:
@@ -315,12 +338,13 @@ def junit_xml(report: FleetReport, checks: list[Check]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
+def markdown_summary(report: Gated, checks: list[Check]) -> str:
     """The verdict and the table of checks (with a device column for a fleet)."""
-    on = f" on {', '.join(md_cell(d) for d in report.devices)}" if len(report.devices) > 1 else ""
+    devices = _devices(report)
+    on = f" on {', '.join(md_cell(d) for d in devices)}" if len(devices) > 1 else ""
     cols = check_columns(report)
     lines = [
-        f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(report.bundle.policy)}{on})",
+        f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(_policy(report))}{on})",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
@@ -332,7 +356,7 @@ def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
 
 
 def write_outputs(
-    report: FleetReport,
+    report: Gated,
     checks: list[Check],
     junit: Path | None,
     md: Path | None,

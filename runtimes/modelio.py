@@ -56,6 +56,13 @@ class ModelInputs:
             out.append(np.zeros(shape, np.float32))
         return out
 
+    def snapshot(self) -> tuple[list[np.ndarray] | None, np.ndarray | None]:
+        """The state and mask as they are (``restore`` puts them back: a rehearsal leaves no trace)."""
+        return self._state, self._mask
+
+    def restore(self, saved: tuple[list[np.ndarray] | None, np.ndarray | None]) -> None:
+        self._state, self._mask = saved
+
     def set_mask(self, mask: Any, rows: int | None) -> None:
         """The mask of the next call (``rows``: None for one observation, else a batch of that many);
         an InputError when it cannot be one."""

@@ -42,6 +42,7 @@ from .modelio import DictInput, ModelInputs
 from .onnx import OrtOptions
 from .selection import check_device, choose_model, fp32_model, resolve_threads
 from .spec import EnvConfig, WrapperConfig
+from .telemetry import LOG_EVERY, LOG_MAX_BYTES, FieldLogger, LogStats
 
 Action = int | np.ndarray
 """an index for a discrete action space, a float32 array for a continuous one"""
@@ -112,6 +113,7 @@ class FrameStack:
         self.padding = padding
         self._zero = zero
         self._fresh = True
+        self._scratch = self.frames.copy()
 
     def reset(self) -> None:
         self._fresh = True
@@ -124,6 +126,16 @@ class FrameStack:
             self.frames[:-1] = self.frames[1:]  # numpy copies overlapping slices correctly
         self.frames[-1] = obs
         return self.frames
+
+    def peek(self, obs: np.ndarray) -> np.ndarray:
+        """What ``push(obs)`` would return, built in a scratch buffer: the stack is left as it is."""
+        out = self._scratch
+        if self._fresh:
+            out[:-1] = obs if self.padding == "reset" else self._zero
+        else:
+            out[:-1] = self.frames[1:]
+        out[-1] = obs
+        return out
 
 
 def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[FrameStack]:
@@ -153,6 +165,9 @@ def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[Frame
 
 class Policy:
     """One model of a bundle, loaded with an explicit thread count. Build it with ``load_policy``."""
+
+    log: FieldLogger | None = None
+    """the field log (``load_policy(..., log_dir=...)``: LoggedPolicy), else None"""
 
     def __init__(
         self,
@@ -254,6 +269,37 @@ class Policy:
         action: Action = int(out) if self._discrete else out.astype(self._action_dtype())
         self._last = action
         return action
+
+    def rehearse(self, obs: ArrayLike, action_mask: ArrayLike | None = None) -> None:
+        """A throw-away ``act(obs)``: the same code (conversion, checks, frame stack, inference, the action's
+        conversion) with no effect: nothing counted in ``stats`` or logged, the frame stack, the recurrent
+        state and the last action unchanged. The loop runner calls it before each deadline so that the real
+        act() finds its code and data in the caches (runtimes.loop). An observation act() would refuse is
+        ignored."""
+        g = self._guard
+        counts = g.observations, g.refused
+        saved = self._io.snapshot()
+        try:
+            if self._dict is not None:
+                obs = self._dict.flatten(obs, g.refuse)
+            x = g.array(obs, self.observation_shape)
+            if action_mask is not None:
+                self._io.set_mask(action_mask, None)
+        except InputError:
+            self._io.restore(saved)
+            return
+        finally:
+            g.observations, g.refused = counts
+        session = self.session
+        if not g.ok(x) and self._fp32 is not None:
+            session = self._fp32
+        for s in self._stacks:
+            x = s.peek(x)
+        try:
+            out = (self.run_batch(x[None]) if session is self.session else self._run_on(session, x[None]))[0]
+        finally:
+            self._io.restore(saved)
+        _ = int(out) if self._discrete else out.astype(np.float32)
 
     def act_on_input(self, model_input: ArrayLike, action_mask: ArrayLike | None = None) -> Action:
         """The action for one model input (frames already stacked, as the observations of a trace),
@@ -417,6 +463,23 @@ class Policy:
             return out
         return run()
 
+    @property
+    def log_stats(self) -> LogStats | None:
+        """The field log so far (``load_policy(..., log_dir=...)``), else None."""
+        return self.log.stats() if self.log is not None else None
+
+    def close(self) -> None:
+        """Write the field log's open chunk and stop its writer (nothing to do without a log_dir; also
+        done at exit). The policy can still act, unlogged."""
+        if self.log is not None:
+            self.log.close()
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def make_env(self, render_mode: str | None = None) -> Any:
         """The bundle's environment (gymnasium, with the preprocessing that changes the environment,
         e.g. Atari frame skipping) whose observations ``act`` takes."""
@@ -493,6 +556,9 @@ def load_policy(
     session_options: OrtOptions | Mapping[str, Any] | None = None,
     device: str | None = None,
     require_signature: bool = False,
+    log_dir: str | os.PathLike[str] | None = None,
+    log_every: int = LOG_EVERY,
+    log_max_bytes: int = LOG_MAX_BYTES,
 ) -> Policy:
     """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
     with ``threads`` threads, and warmed up with ``warmup`` inferences on a zero observation.
@@ -506,6 +572,8 @@ def load_policy(
     ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
     $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``require_signature``: refuse a
     bundle not signed by a key this machine trusts (a machine with trusted keys requires that anyway).
+    ``log_dir``: field telemetry, every ``log_every``-th act() recorded in chunks there, the oldest removed
+    past ``log_max_bytes`` (runtimes.telemetry; ``policy.close()`` writes the last chunk, as exit does).
     Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
     """
     if not isinstance(bundle, str | os.PathLike):
@@ -518,14 +586,23 @@ def load_policy(
         raise InputError(
             f"warmup must be an integer >= 0 (got {str(warmup)[:24]!r})", f"e.g. warmup={WARMUP_CALLS}"
         )
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise InputError(
+            f"log_every must be an integer >= 1 (got {str(log_every)[:24]!r})", "e.g. log_every=1"
+        )
     options = OrtOptions.of(session_options)
     manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
     entry, why = choose_model(manifest, model, bundle)
     count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
     here = check_device(manifest, device)
     verify_model(bundle, entry)
-    policy = Policy(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
-                    on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
-                    device=here)  # fmt: skip
+    from .logged import LoggedPolicy  # only with log_dir: a policy without a log never imports it
+
+    kind = Policy if log_dir is None else LoggedPolicy
+    policy = kind(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
+                  on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
+                  device=here)  # fmt: skip
+    if isinstance(policy, LoggedPolicy):
+        policy.start_log(log_dir, log_every, log_max_bytes)
     policy.warm_up(warmup)
     return policy

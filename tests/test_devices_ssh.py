@@ -325,8 +325,8 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
 ) -> None:
     """CartPole scores 500 on every seed, so equal returns there prove little: on Pendulum each seed
     scores differently, and the device plays exactly the local episodes, seed for seed. With --hz the
-    device times act() in those episodes (Pendulum: 200 steps each)."""
-    cfg = BenchConfig(episodes=4, latency_samples=20, hz=50)
+    device times act() in those episodes, paced at the rate (Pendulum: 200 steps each)."""
+    cfg = BenchConfig(episodes=4, latency_samples=20, hz=500)
     with SSHTransport(load_profile(DEV)) as t:
         remote = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t).to_dict()
     local = bench(pendulum_bundle, cfg).to_dict()
@@ -335,7 +335,9 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
         assert len(set(per_ep)) == cfg.episodes, per_ep  # every seed its own return
         assert per_ep == lo["reward"]["per_episode"]
         assert r["agreement"] == lo["agreement"]
-        assert r["in_loop"]["steps"] == 4 * 200 and r["in_loop"]["p50_us"] > 0 and r["in_loop"]["hz"] == 50
+        loop = r["in_loop"]
+        assert loop["steps"] + loop["no_warmup_steps"] == 4 * 200 and loop["p50_us"] > 0 and loop["hz"] == 500
+        assert loop["paced"] and loop["no_warmup_p50_us"] > 0
 
 
 def test_env_on_host_plays_the_same_episodes_over_ssh_with_policy_and_link_time_apart(

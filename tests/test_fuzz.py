@@ -240,7 +240,7 @@ def test_fuzzed_traces_replay_or_fail_in_one_line(
 def report_doc(cartpole_bundle: Path) -> dict[str, Any]:
     """A report with every optional block: in-loop latency (--hz) and a sustained loop (--duration)."""
     return bench(
-        cartpole_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=50, hz=50, duration_s=0.2)
+        cartpole_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=50, hz=500, duration_s=0.2)
     ).to_dict()
 
 

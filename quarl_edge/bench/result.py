@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quarl_edge.runtimes.loop import InLoopStats
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.sustained import SustainedStats, Window
 from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.stats import Drift
@@ -173,6 +173,16 @@ def check_in_loop(s: InLoopStats) -> None:
     for k in ("p50_us", "p99_us", "p999_us", "max_us", "mean_us"):
         number(getattr(s, k), k, lo=0)
     opt_number(s.first_call_ms, "first_call_ms", lo=0)
+    flag(s.paced, "paced")
+    integer(s.overruns, "overruns")
+    integer(s.no_warmup_steps, "no_warmup_steps")
+    for k in ("no_warmup_p50_us", "no_warmup_p99_us"):
+        opt_number(getattr(s, k), k, lo=0)
+    opt_number(s.no_warmup_miss_rate, "no_warmup_miss_rate", lo=0, hi=1)
+    if not isinstance(s.os_settings, tuple) or not all(
+        isinstance(x, str) and len(x) <= 40 for x in s.os_settings
+    ):
+        raise ValueError("os_settings must be a list of setting names")
 
 
 def _reading(v: object, name: str) -> ThermalReading:

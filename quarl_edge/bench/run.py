@@ -46,8 +46,9 @@ from quarl_edge.devices.preflight import check_ready
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.loop import InLoopStats, check_hz, in_loop_stats
+from quarl_edge.runtimes.inloop import InLoopStats, check_hz
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
+from quarl_edge.runtimes.runner import episodes_in_loop
 from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import drift_scale, mean_std, paired_drift
@@ -187,7 +188,8 @@ def _in_loop(run: DeviceRun, hz: float | None) -> InLoopStats | None:
     """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
     if hz is None:
         return None
-    return in_loop_stats((e.act_ns for e in run.episodes), hz, run.first_inference_ms)
+    settings = run.in_loop.os_settings if run.in_loop is not None else ()
+    return episodes_in_loop(run.episodes, hz, run.first_inference_ms, settings)
 
 
 def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntry]:

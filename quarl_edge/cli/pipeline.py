@@ -153,7 +153,7 @@ def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
     to: Annotated[str, typer.Option("--to", help="comma-separated targets, of: onnx-fp32, onnx-fp16, onnx-int8, onnx-int4, tflite-fp32, tflite-fp16, tflite-int8, c-fp32, c-int8", show_default="onnx-fp32, onnx-fp16, onnx-int8")] = "onnx-fp32,onnx-fp16,onnx-int8",
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz), or observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here")] = None,
+    calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="recorded rollouts (.npz), observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here, or a field log folder (`field pull`); repeat to merge several")] = None,
     method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
     percentile: Annotated[float, typer.Option("--percentile", help="the range kept by --method percentile, in %")] = 99.999,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
@@ -176,7 +176,8 @@ def export(
                        float_io_layers=not full_int8,
                        c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()))  # fmt: skip
     targets = tuple(resolve_targets(to))
-    pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=calibration)
+    recorded = next((c for c in calibration or [] if c.is_file()), None)  # its env_id, if the policy has none
+    pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=recorded)
     reads = (
         ("policy", policy),
         ("VecNormalize file", vecnormalize),
@@ -186,8 +187,14 @@ def export(
     manifest = export_bundle(
         pol,
         BundleRequest(
-            out=out, targets=targets, calibration=calibration, config=cfg, reads=reads, sign_key=sign
-        ),
+            out=out,
+            targets=targets,
+            calibration=calibration[0] if calibration else None,
+            more_calibration=tuple(calibration[1:]) if calibration else (),
+            config=cfg,
+            reads=reads,
+            sign_key=sign,
+        ),  # fmt: skip
         log=info,
     )
     if as_json:
@@ -262,21 +269,27 @@ def bench(
 
 
 def gate(
-    report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet)")],
-    max_reward_drop: Annotated[str, typer.Option("--max-reward-drop", help="largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused)")] = "2%",
+    report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet), or a field report folder")],
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help="largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused); a bench report's default: 2%")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest tight-loop p99 latency in ms, every model")] = None,
     max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`: 1% or the fraction 0.01")] = None,
-    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32 on the trace: max |Δa| in action units (discrete: share of differing actions); for reports whose reward was not measured")] = None,
+    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32, in action units (discrete: share of differing actions): on a bench report max |Δa| on the trace (for reports whose reward was not measured), on a field report the p99 on the robot's observations")] = None,
+    max_out_of_range: Annotated[str | None, typer.Option("--max-out-of-range", help="a field report's: largest share of observations outside the calibration range: 5% or the fraction 0.05")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
-    A fleet report (`bench --device a,b`): every device's models, each failure naming its device."""
+    A fleet report (`bench --device a,b`): every device's models, each failure naming its device. A field
+    report (`field report`): the deployed model's action error and out-of-range rate in the field."""
+    from quarl_edge.bench.fleet_result import FleetReport
     from quarl_edge.bench.report import read_report
+    from quarl_edge.field.gate import evaluate_field, refuse_thresholds
+    from quarl_edge.field.render import is_field_report, load_field_report
     from quarl_edge.gate import (
         GateConfig,
+        Gated,
         check_columns,
         check_rows,
         evaluate,
@@ -286,13 +299,22 @@ def gate(
     )
     from quarl_edge.tune.verify import check_tune_json
 
-    cfg = GateConfig(max_reward_drop_pct=parse_percent(max_reward_drop, "--max-reward-drop"),
+    field = is_field_report(report)
+    drop = max_reward_drop or (None if field else f"{GateConfig.max_reward_drop_pct}%")
+    cfg = GateConfig(max_reward_drop_pct=None if drop is None else parse_percent(drop, "--max-reward-drop"),
                      min_agreement=min_agreement, max_p99_ms=max_p99_ms,
                      max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate, "--max-miss-rate"),
-                     max_action_error=max_action_error)  # fmt: skip
-    data = read_report(report)
-    check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
-    checks = evaluate(data, cfg)
+                     max_action_error=max_action_error,
+                     max_out_of_range_pct=None if max_out_of_range is None else parse_percent(max_out_of_range, "--max-out-of-range"))  # fmt: skip
+    data: Gated
+    if field:
+        data = load_field_report(report)
+        checks = evaluate_field(data, cfg)
+    else:
+        refuse_thresholds(cfg, field=False)
+        data = read_report(report)
+        check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
+        checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
     if as_json:
@@ -303,6 +325,10 @@ def gate(
         info(c.message, label="FAIL", style="bold red")
     if failed:
         raise typer.Exit(1)
+    if not isinstance(data, FleetReport):
+        info("the deployed model is within the thresholds on the field's observations", label="PASS",
+             style="bold green")  # fmt: skip
+        return
     where = f" on every device ({', '.join(data.devices)})" if len(data.devices) > 1 else ""
     info(f"every quantized model is within the thresholds{where}", label="PASS", style="bold green")
 
