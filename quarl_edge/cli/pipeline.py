@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,11 @@ from quarl_edge.cli._options import (
     overrides,
 )
 from quarl_edge.cli._output import handle_errors, info, print_json, progress_bars, table
+from quarl_edge.runtimes.errors import QuarlError
+
+if TYPE_CHECKING:
+    from quarl_edge.bench.fleet_result import FleetReport
+    from quarl_edge.gate import Check
 
 MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
 
@@ -297,7 +302,7 @@ def gate(
         verdict_json,
         write_outputs,
     )
-    from quarl_edge.tune.verify import check_tune_json
+    from quarl_edge.tune.verify import read_tune_json
 
     field = is_field_report(report)
     drop = max_reward_drop or (None if field else f"{GateConfig.max_reward_drop_pct}%")
@@ -313,7 +318,9 @@ def gate(
     else:
         refuse_thresholds(cfg, field=False)
         data = read_report(report)
-        check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
+        tuned = read_tune_json(
+            report
+        )  # a tune.json: its tune block, and the shipped bundle beside it, checked too
         checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
@@ -331,6 +338,43 @@ def gate(
         return
     where = f" on every device ({', '.join(data.devices)})" if len(data.devices) > 1 else ""
     info(f"every quantized model is within the thresholds{where}", label="PASS", style="bold green")
+    for line in _after_gate(report, data, checks, tuned is not None):
+        info(line)
+
+
+def _after_gate(report: Path, data: FleetReport, checks: list[Check], tuned: bool) -> list[str]:
+    """The next commands after a pass, each runnable as printed from the folder the bundle was exported
+    in: deploy the tuned bundle; or tune (when the bundle's source policy and calibration file are here)
+    and deploy the fastest model that passed."""
+    import math
+
+    from quarl_edge.runtimes.manifest import load_manifest
+
+    board = data.devices[0] if len(data.devices) == 1 and data.devices[0] != "local" else None
+    to = f" --device {_q(board)}" if board else " --device NAME"
+    pick = "" if board else "   (NAME: a board of `quarl-edge devices list`)"
+    if tuned:
+        return [f"next: quarl-edge deploy --bundle {_q(report.parent / 'bundle')}{to}{pick}"]
+    bundle = Path(data.bundle.path)
+    lines = []
+    try:
+        manifest = load_manifest(bundle)
+    except QuarlError:
+        return []
+    names = [manifest.policy.train.get("imported_from"), manifest.policy.source.partition(":")[2]]
+    source = next((Path(n) for n in names if isinstance(n, str) and n and Path(n).is_file()), None)
+    calibration = (manifest.calibration or {}).get("file")
+    if source is not None and calibration and Path(calibration).is_file():
+        lines.append(f"next: quarl-edge tune --policy {_q(source)} --calibration {_q(calibration)}"
+                     f"{f' --device {_q(board)}' if board else ''} --out {_q(Path('tune') / bundle.name)}"
+                     "   (the fastest model that keeps the reward, on the board with --device NAME)")  # fmt: skip
+    passed_models = {c.model for c in checks} - {c.model for c in checks if not c.passed}
+    fastest = min((m for r in data.reports.values() for m in r.models if m.name in passed_models),
+                  key=lambda m: m.latency.p50_us if m.latency else math.inf, default=None)  # fmt: skip
+    if fastest is not None:
+        lines.append(f"{'or' if lines else 'next'}: quarl-edge deploy --bundle {_q(bundle)} --model "
+                     f"{_q(fastest.name)}{to}{pick}")  # fmt: skip
+    return lines
 
 
 def demo(
