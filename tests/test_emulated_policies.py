@@ -2,17 +2,17 @@
 deployed there and driven from a user script by ``load_policy(...).act(obs_dict)``, and an rsl_rl-style
 recurrent ONNX (+ io.yaml, a recorded observation file) benched there (latency and action error, reward
 "not measured"), gated by --max-action-error, deployed and acting with its state through the runtime API.
-Uses the running rpi4-emu when there is one (and leaves it running), else starts it and stops it."""
+The board is the session's (tests/conftest.py emu_session)."""
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import emu_ssh, qe
 
 from quarl_edge.devices import emulate, profiles
 from quarl_edge.runtimes import load_policy as load_runtime
@@ -22,28 +22,14 @@ from quarl_edge.runtimes.trace import load_trace
 pytestmark = [pytest.mark.emulated, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
-@pytest.fixture(scope="module")
-def board() -> Iterator[emulate.Status]:
-    from test_devices_emulate import _can_emulate, _emulate
-
-    reason = _can_emulate()
-    if reason:
-        pytest.skip(reason)
-    if emulate.status("rpi4").running:  # someone's board: used, not stopped
-        yield emulate.status("rpi4")
-        return
-    st = _emulate("up")
-    try:
-        yield st
-    finally:
-        if emulate.status("rpi4").running:
-            emulate.down("rpi4", log=print)
+@pytest.fixture
+def board(emu_board: emulate.Status) -> emulate.Status:
+    """The session's emulated Pi 4 (conftest: one `up` per run, shared by every emulated test)."""
+    return emu_board
 
 
 def _deploy(bundle: Path, model: str) -> dict:
-    from test_devices_emulate import _qe
-
-    r = _qe("deploy", "--bundle", bundle, "--device", "rpi4-emu", "--model", model, "--json")
+    r = qe("deploy", "--bundle", bundle, "--device", "rpi4-emu", "--model", model, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert d["check"]["torch_imported"] is False
@@ -51,19 +37,15 @@ def _deploy(bundle: Path, model: str) -> dict:
 
 
 def _run_script(board: emulate.Status, script: str, *args: str) -> dict:
-    from test_devices_emulate import _ssh
-
     py = shlex.quote(str(profiles.load_profile("rpi4-emu").python))
-    r = _ssh(board, f"{py} -I -c {shlex.quote(script)} {' '.join(shlex.quote(a) for a in args)}")
+    r = emu_ssh(board, f"{py} -I -c {shlex.quote(script)} {' '.join(shlex.quote(a) for a in args)}")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _cleanup(board: emulate.Status, bundle: Path, path: str) -> None:
-    from test_devices_emulate import _ssh
-
     sha = sha256_file(bundle / "manifest.json")
-    _ssh(board, f"rm -rf {shlex.quote(path)} .cache/quarl-edge/bundles/{sha}")
+    emu_ssh(board, f"rm -rf {shlex.quote(path)} .cache/quarl-edge/bundles/{sha}")
 
 
 def test_dict_obs_agent_deployed_and_driven_by_act_obs_dict(board: emulate.Status, tmp_path: Path) -> None:
@@ -107,12 +89,11 @@ def test_dict_obs_agent_deployed_and_driven_by_act_obs_dict(board: emulate.Statu
 
 
 def test_recurrent_onnx_benched_gated_and_acting_with_state(board: emulate.Status, tmp_path: Path) -> None:
-    from test_devices_emulate import _qe
     from test_onnx_io import make_isaac
 
     _, _, _, bundle = make_isaac(tmp_path)
     report = tmp_path / "emu.json"
-    r = _qe("bench", "--bundle", bundle, "--device", "rpi4-emu", "--latency-samples", "100", "--out", report)
+    r = qe("bench", "--bundle", bundle, "--device", "rpi4-emu", "--latency-samples", "100", "--out", report)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "reward: not measured" in r.stderr and "action error vs fp32" in r.stderr
     data = json.loads(report.read_text())
@@ -120,9 +101,9 @@ def test_recurrent_onnx_benched_gated_and_acting_with_state(board: emulate.Statu
     int8 = next(m for m in data["models"] if m["name"] == "onnx-int8")
     err = int8["agreement"]["max_abs_diff"]
     assert int8["latency"]["p50_us"] > 0 and 0 < err < 0.2
-    ok = _qe("gate", report, "--max-action-error", "0.2")
+    ok = qe("gate", report, "--max-action-error", "0.2")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = _qe("gate", report, "--max-action-error", f"{err / 2:.6f}")
+    bad = qe("gate", report, "--max-action-error", f"{err / 2:.6f}")
     assert bad.returncode == 1
     print(f"\n[emulated rpi4] recurrent ONNX int8: p50 {int8['latency']['p50_us']:.0f} us (emulated), "
           f"action error max {err:.3g}, reward not measured")  # fmt: skip
