@@ -94,8 +94,8 @@ def test_emitted_folder_builds_with_cmake_on_the_board_and_acts_as_python(
     emu_scp(emu_board, [out], f"{REMOTE_EMIT}/")
     d = f"{REMOTE_EMIT}/emit"
     t0 = time.monotonic()
-    build = emu_ssh(emu_board, f"set -e; cmake -S {d} -B {d}/build 2>&1 | tail -20; "
-                               f"cmake --build {d}/build -j 2 2>&1 | tail -20", timeout=1200)  # fmt: skip
+    build = emu_ssh(emu_board, f"cmake -S {d} -B {d}/build 2>&1 && cmake --build {d}/build -j 2 2>&1",
+                    timeout=1200)  # fmt: skip
     built = time.monotonic() - t0
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     assert "no C++ compiler" not in build.stdout, build.stdout[-2000:]  # g++ is there: both loops
