@@ -41,8 +41,20 @@ class RootfsRecipe:
     """Debian's name for the architecture."""
     variant: str = "minbase"
     """debootstrap variant: essential packages and apt only."""
-    packages: tuple[str, ...] = ("python3", "python3-venv", "openssh-server")
-    """Added to the base system (the runner's python, the venv module, sshd + sftp-server for scp)."""
+    packages: tuple[str, ...] = (
+        "python3",
+        "python3-venv",
+        "openssh-server",
+        "gcc",
+        "g++",
+        "libc6-dev",
+        "make",
+        "cmake",
+    )
+    """Added to the base system (the runner's python, the venv module, sshd + sftp-server for scp) and the C
+    toolchain a Raspberry Pi OS has (the ``c`` runtime's gcc; cmake, make and g++ for ``deploy --emit c``
+    folders). debootstrap resolves Depends only, never Recommends: libc6-dev (gcc only recommends it) is
+    named, the rest of what a Pi OS image adds is not."""
     revision: int = 1
     """Bump when the build steps change in a way the fields above do not show."""
 
