@@ -23,6 +23,7 @@ from pathlib import Path
 
 from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.result import BenchReport, ModelResult
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
@@ -253,12 +254,9 @@ def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
     lines = [
         f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(report.bundle.policy)}{on})",
         "",
-        "| " + " | ".join(cols) + " |",
-        "|" + "---|" * len(cols),
     ]
-    for row in check_rows(report, checks):
-        cells = [md_cell(c) for c in row[:-1]] + ["pass" if row[-1] == "pass" else "**FAIL**"]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [[*row[:-1], "pass" if row[-1] == "pass" else "**FAIL**"] for row in check_rows(report, checks)]
+    lines += markdown_table(cols, rows)
     return "\n".join(lines) + "\n"
 
 

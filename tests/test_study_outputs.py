@@ -9,7 +9,7 @@ import pytest
 
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.study._common import write_tables
-from quarl_edge.study.plots import _save
+from quarl_edge.common.figures import save_png as _save
 
 HEADER = ("policy", "variant")
 STUDY = {"format": "quarl-edge/study-ptq", "results": []}

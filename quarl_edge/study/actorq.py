@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.actorq.result import ActorQLog, ActorQStudy, CurvePoint, RunSummary, StudyRow, read_log
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.study._common import Progress, check_suite, claim_output, import_ray, say
 from quarl_edge.typed import to_json
@@ -383,9 +384,8 @@ def write_outputs(study: ActorQStudy, out: Path) -> list[Path]:
              f"Target return per task: {targets}; "
              f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds); "
              "'within spread': |mean difference| <= the larger seed-to-seed std, or the seeds' ranges overlap.",
-             "", energy_note(study.runs),
-             "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
+             "", energy_note(study.runs), ""]  # fmt: skip
+    lines += markdown_table(COLUMNS, table_rows(study))
     if study.not_run:
         lines += ["", f"Not run yet ({len(study.not_run)} of the suite's runs; `--finished-only` wrote this "
                   "table from the finished ones): " + ", ".join(f"`{n}`" for n in study.not_run)]  # fmt: skip
