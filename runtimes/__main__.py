@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import QuarlError
 from .facts import device_info
+from .fsutil import finite_json
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -34,17 +35,6 @@ def _default(o: Any) -> Any:
     except ImportError:
         pass
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf (not valid JSON) by None, recursively."""
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
             max_steps=args.max_steps,
             replay=not args.no_replay,
-            progress=lambda ev: _emit(_finite(ev)),
+            progress=lambda ev: _emit(finite_json(ev)),
             oversubscribe=args.oversubscribe,
             hz=args.hz,
             duration_s=args.duration,
         )
-        _emit({"event": "result", "result": _finite(result.to_dict())})
+        _emit({"event": "result", "result": finite_json(result.to_dict())})
         return 0
     except QuarlError as e:
         _emit({"event": "error", "kind": type(e).__name__, "message": str(e)})

@@ -25,16 +25,12 @@ import torch
 from torch import nn
 
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.runtimes.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes
+from quarl_edge.runtimes.fsutil import atomic_write_bytes, atomic_write_json, sha256_bytes
 
 FORMAT = "quarl-edge/actorq-learner"
 FORMAT_VERSION = 1
 Part = nn.Module | torch.optim.Optimizer
 """what a learner checkpoints: its networks and its optimizers, by name"""
-
-
-def write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2))
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -110,10 +106,11 @@ def save(d: Path, parts: dict[str, Part], replay: dict[str, np.ndarray], state: 
     arrays, index = flatten(parts)
     model = _npz_bytes(arrays)
     atomic_write_bytes(d / "model.npz", model)
-    write_json(d / "model.json", {"format": FORMAT, "version": FORMAT_VERSION, "tensors": "model.npz",
+    atomic_write_json(d / "model.json", {"format": FORMAT, "version": FORMAT_VERSION, "tensors": "model.npz",
                                   "sha256": sha256_bytes(model), "parts": index})  # fmt: skip
     atomic_write_bytes(d / "replay.npz", _npz_bytes(replay))
-    write_json(d / "state.json", state)  # last: a checkpoint is complete once state.json names its step
+    # last: a checkpoint is complete once state.json names its step
+    atomic_write_json(d / "state.json", state)
 
 
 def load(d: Path, parts: dict[str, Part]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

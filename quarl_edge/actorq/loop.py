@@ -32,6 +32,7 @@ from quarl_edge.actorq.result import LOG_VERSION, ActorQLog, CurvePoint, RoleTim
 from quarl_edge.actorq.sessions import check_runtime
 from quarl_edge.actorq.throughput import actor_throughput, choose_runtime
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.fsutil import atomic_write_json
 from quarl_edge.typed import items, load, to_json
 
 OnChunk = Callable[[int, list[Any]], None]
@@ -394,7 +395,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         breakdown={"learner": learner_report, **{f"actor{k}": v for k, v in sorted(actor_reports.items())}},
         curve=tuple(curve), events=tuple(events),
     )  # fmt: skip
-    checkpoint.write_json(args.out / "log.json", log.to_dict())
+    atomic_write_json(args.out / "log.json", log.to_dict())
     from quarl_edge.actorq.plots import plot_breakdown, plot_curve
 
     plot_breakdown(log, args.out / "breakdown.png")

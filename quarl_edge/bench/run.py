@@ -12,7 +12,6 @@ part-way can be resumed.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -396,14 +395,3 @@ def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manif
                              cfg.max_steps, on_episode)  # fmt: skip
     finally:
         link.close()
-
-
-def finite_json(obj: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_json(v) for v in obj]
-    return obj
