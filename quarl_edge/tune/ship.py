@@ -26,7 +26,7 @@ from quarl_edge.runtimes.fsutil import (
     sha256_file,
 )
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
-from quarl_edge.runtimes.signing import sign_bundle
+from quarl_edge.runtimes.signer import sign_bundle
 from quarl_edge.tune.config import TuneConfig
 from quarl_edge.tune.records import Shipped
 from quarl_edge.tune.report import TUNE_MARKDOWN, markdown, plot
