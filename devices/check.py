@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from quarl_edge.devices.profiles import DeviceProfile
+from quarl_edge.devices.remote import LinkTimings, SSHTransport
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.facts import features_text
 
@@ -16,7 +17,9 @@ from quarl_edge.runtimes.facts import features_text
 @dataclass(frozen=True)
 class DeviceCheck:
     facts: dict[str, Any]
-    harness: dict[str, Any] = field(default_factory=dict)
+    """what the device reported about itself (runtimes.facts' JSON)"""
+    timings: LinkTimings | None = None
+    """what reaching it cost (None: this machine)"""
     problems: tuple[str, ...] = ()
 
     def rows(self) -> list[list[str]]:
@@ -56,18 +59,16 @@ def local_facts() -> dict[str, Any]:
 
 def check_device(p: DeviceProfile) -> DeviceCheck:
     """Connect (SSH, or this machine for `local`), read the facts, compare with the profile."""
-    harness: dict[str, Any] = {}
+    timings = None
     if p.transport == "local":
         facts = {"name": p.name, "transport": "local", "emulated": p.emulated, **local_facts()}
     else:
-        from quarl_edge.devices.remote import SSHTransport
-
         with SSHTransport(p) as t:
             t.prepare()
-            facts, harness = t.device_facts, t.harness
+            facts, timings = t.device_facts, t.timings
     problems = []
     if p.arch and facts.get("machine") != p.arch:
         problems.append(f"the profile says {p.arch}, the device is {facts.get('machine')}")
     if not (facts.get("runtimes") or {}).get(p.preferred_runtime):
         problems.append(f"the preferred runtime {p.preferred_runtime} does not import on the device")
-    return DeviceCheck(facts, harness, tuple(problems))
+    return DeviceCheck(facts, timings, tuple(problems))

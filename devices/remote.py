@@ -24,7 +24,7 @@ import secrets
 import shlex
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ from quarl_edge.runtimes.manifest import MANIFEST_NAME, bundle_files, load_manif
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, TRUST_FILE, check_signature, parse_public_line
 
 Event = dict[str, Any]
+Preflight = Callable[[dict[str, Any], int], None]
+"""``preflight(facts, bytes_to_upload)``: raises to stop a bench the device cannot run (devices/preflight.py)"""
 MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
 INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
 
@@ -48,6 +50,18 @@ def _rp(path: str) -> str:
     """A remote path safe as a command word: never starting with '-'."""
     path = remote_path(path)
     return f"./{path}" if path.startswith("-") else path
+
+
+@dataclass
+class LinkTimings:
+    """What reaching the device has cost so far (a bench report's harness; `devices check` prints it)."""
+
+    connect_s: float | None = None
+    cache_check_s: float | None = None
+    upload_s: float = 0.0
+    uploaded_files: list[str] = field(default_factory=list)
+    uploaded_bytes: int = 0
+    info_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,10 @@ class CachedBundle:
 
 
 class SSHTransport:
-    """A bench transport (see quarl_edge.bench.run) that runs the device runner over SSH."""
+    """The ``ssh`` bench transport (the Transport protocol: quarl_edge/bench/transport.py): the device
+    runner over SSH."""
+
+    name = "ssh"
 
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
@@ -79,15 +96,7 @@ class SSHTransport:
         self.traces: dict[Path, str] = {}
         self.device_facts: dict[str, Any] = {}
         self._board_keys: dict[str, str] | None = None
-        self.harness: dict[str, Any] = {
-            "transport": "ssh",
-            "connect_s": None,
-            "cache_check_s": None,
-            "upload_s": 0.0,
-            "uploaded_files": [],
-            "uploaded_bytes": 0,
-            "info_s": None,
-        }
+        self.timings = LinkTimings()
 
     def __enter__(self) -> SSHTransport:
         return self
@@ -110,12 +119,12 @@ class SSHTransport:
     # -- preparing the device -----------------------------------------------------------------------
 
     def connect(self) -> None:
-        if self.harness["connect_s"] is None:
+        if self.timings.connect_s is None:
             self.ssh.connect()
-            self.harness["connect_s"] = self.ssh.connect_s
+            self.timings.connect_s = self.ssh.connect_s
 
     def prepare(self, bundle: Path | None = None, trace: Path | None = None,
-                preflight: Callable[[dict[str, Any], int], None] | None = None) -> None:  # fmt: skip
+                preflight: Preflight | None = None) -> None:  # fmt: skip
         """Connect, upload what the device lacks (runner, bundle, trace), read its facts. Idempotent.
         ``preflight(facts, bytes_to_upload)`` runs once the facts are known and before the bundle and
         trace uploads: it raises to stop a bench the device cannot run (devices/preflight.py)."""
@@ -135,16 +144,16 @@ class SSHTransport:
         if probe:
             t0 = time.perf_counter()
             present = self._exists(probe)
-            self.harness["cache_check_s"] = (self.harness["cache_check_s"] or 0.0) + time.perf_counter() - t0
+            self.timings.cache_check_s = (self.timings.cache_check_s or 0.0) + time.perf_counter() - t0
         if self.runner_path in present and not present[self.runner_path]:
             t0 = time.perf_counter()
             rz = self.runner_zip()
             self._upload_bytes(rz.data, self.runner_path, f"runner {rz.name}")
-            self.harness["upload_s"] += time.perf_counter() - t0
+            self.timings.upload_s += time.perf_counter() - t0
         if not self.device_facts:
             t0 = time.perf_counter()
             self.device_facts = self._device_facts()
-            self.harness["info_s"] = time.perf_counter() - t0
+            self.timings.info_s = time.perf_counter() - t0
         todo = [(k, r) for k, r in wanted if not present.get(f"{r}/{COMPLETE}" if k == "bundle" else r)]
         if preflight is not None:
             preflight(self.device_facts, sum(self._size(k, r) for k, r in todo))
@@ -155,7 +164,7 @@ class SSHTransport:
             else:
                 local = next(p for p, rr in self.traces.items() if rr == r)
                 self._upload_file(local, r, f"trace {local.name}")
-        self.harness["upload_s"] += time.perf_counter() - t0
+        self.timings.upload_s += time.perf_counter() - t0
 
     def _size(self, kind: str, remote: str) -> int:
         if kind == "bundle":
@@ -233,8 +242,8 @@ class SSHTransport:
                 f"upload of {what} to {self.profile.name}:{remote} failed: {r.stderr.strip()[-200:]}",
                 f"check space and permissions of cache_dir {self.profile.cache_dir!r} on the device",
             )
-        self.harness["uploaded_files"].append(what)
-        self.harness["uploaded_bytes"] += size
+        self.timings.uploaded_files.append(what)
+        self.timings.uploaded_bytes += size
 
     def _upload_bundle(self, cb: CachedBundle) -> None:
         """One stream to the runner's ``receive``: the board checks and hashes everything before the
@@ -244,8 +253,8 @@ class SSHTransport:
             raise IntegrityError(f"{str(cb.local)!r} changed while it was uploaded", "run the command again")
         cmd = sh(self.python, self.runner_path, "receive", "--dest", cb.remote, *cb.key_args())
         self.board_command(cmd, "store the bundle", stdin=stream_bundle(files))
-        self.harness["uploaded_files"] += [f"bundle file {rel}" for rel, _ in files]
-        self.harness["uploaded_bytes"] += sum(len(d) for _, d in files)
+        self.timings.uploaded_files += [f"bundle file {rel}" for rel, _ in files]
+        self.timings.uploaded_bytes += sum(len(d) for _, d in files)
 
     def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> dict[str, Any]:
         """Run one of the runner's cache commands (receive, verify, name) and return its answer; the

@@ -57,7 +57,8 @@ class Variant:
 @dataclass(frozen=True)
 class BundleRequest:
     out: Path
-    targets: tuple[str, ...]
+    targets: tuple[str, ...] = ("onnx-fp32", "onnx-fp16", "onnx-int8")
+    """exporters/targets.py names; `export --to`'s default"""
     calibration: Path | None = None
     config: ExportConfig = ExportConfig()
     record_episodes: int = 10

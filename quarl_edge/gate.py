@@ -14,7 +14,6 @@ device's report reads as before, without a device column.
 
 from __future__ import annotations
 
-import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -23,6 +22,13 @@ from pathlib import Path
 
 from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.result import BenchReport, ModelResult
+from quarl_edge.common.limits import (
+    MAX_REWARD_DROP_PCT,
+    check_max_miss_rate,
+    check_max_p99_ms,
+    check_max_reward_drop,
+    check_min_agreement,
+)
 from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
@@ -48,7 +54,7 @@ MARKDOWN = Kind("gate Markdown summary", False, text_starts_with(MARKDOWN_TITLE)
 
 @dataclass(frozen=True)
 class GateConfig:
-    max_reward_drop_pct: float | None = 2.0
+    max_reward_drop_pct: float | None = MAX_REWARD_DROP_PCT
     """largest allowed mean reward drop vs fp32, in % of the fp32 mean return"""
     min_agreement: float | None = None
     """smallest allowed action agreement with fp32 on the recorded trace (0..1)"""
@@ -58,30 +64,12 @@ class GateConfig:
     """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
 
     def __post_init__(self) -> None:
-        # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
-        for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
-                                     ("--min-agreement", self.min_agreement, "0.95"),
-                                     ("--max-p99-ms", self.max_p99_ms, "5"),
-                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%")):  # fmt: skip
-            if value is not None and not math.isfinite(value):
-                raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
-        if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
-            raise InputError("--max-reward-drop must be >= 0", "e.g. --max-reward-drop 2%")
-        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
-            raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
-        if self.max_p99_ms is not None and self.max_p99_ms <= 0:
-            raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
-        if self.max_miss_rate_pct is not None and not 0 <= self.max_miss_rate_pct <= 100:
-            raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
-
-
-def parse_percent(text: str) -> float:
-    """'2%', '2' -> 2.0 (percent)."""
-    t = text.strip().rstrip("%").strip()
-    try:
-        return float(t)
-    except ValueError:
-        raise InputError(f"not a percentage: {text!r}", "write it like 2% or 2.5") from None
+        # one check per limit, shared with tune (common/limits.py): inf or nan would turn a check off
+        # while it reports "pass"
+        for value, check in ((self.max_reward_drop_pct, check_max_reward_drop), (self.min_agreement, check_min_agreement),
+                             (self.max_p99_ms, check_max_p99_ms), (self.max_miss_rate_pct, check_max_miss_rate)):  # fmt: skip
+            if value is not None:
+                check(value)
 
 
 @dataclass(frozen=True)

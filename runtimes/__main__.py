@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import defaults
 from .errors import QuarlError
 from .facts import device_info
 from .fsutil import finite_json
@@ -44,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--bundle", required=True)
     r.add_argument("--model", required=True)
     r.add_argument("--seeds", default="", help="comma-separated episode seeds")
-    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--threads", type=int, default=defaults.THREADS)
     r.add_argument("--trace", default=None)
-    r.add_argument("--latency-samples", type=int, default=1000)
-    r.add_argument("--warmup", type=int, default=50)
+    r.add_argument("--latency-samples", type=int, default=defaults.LATENCY_SAMPLES)
+    r.add_argument("--warmup", type=int, default=defaults.WARMUP)
     r.add_argument("--max-steps", type=int, default=None)
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
     r.add_argument("--hz", type=float, default=None, help="time act() in the episodes against a 1/HZ budget")
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("serve", help="the policy alone: observations in, actions out (bench --env-on-host)")
     v.add_argument("--bundle", required=True)
     v.add_argument("--model", required=True)
-    v.add_argument("--threads", type=int, default=1)
+    v.add_argument("--threads", type=int, default=defaults.THREADS)
     args = p.parse_args(argv)
     try:
         if args.cmd in ("receive", "verify", "name"):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import defaults
 from .adapters import ModelSession
 from .envs import make_env
 from .errors import InputError
@@ -259,7 +260,9 @@ class PolicyRunner:
             actions[i] = self.act_batch(obs[i : i + 1])[0]
         return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
 
-    def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
+    def latency(
+        self, observations: np.ndarray, samples: int = defaults.LATENCY_SAMPLES, warmup: int = defaults.WARMUP
+    ) -> LatencyStats:
         """Single-observation latency, cycling through ``observations``, after ``warmup`` runs."""
         batches = timing_batches(observations)
         for i in range(warmup):
@@ -308,10 +311,10 @@ def run_model(
     model: str,
     *,
     seeds: Sequence[int],
-    threads: int = 1,
+    threads: int = defaults.THREADS,
     trace_path: str | Path | None = None,
-    latency_samples: int = 1000,
-    warmup: int = 50,
+    latency_samples: int = defaults.LATENCY_SAMPLES,
+    warmup: int = defaults.WARMUP,
     max_steps: int | None = None,
     replay: bool = True,
     progress: Progress | None = None,

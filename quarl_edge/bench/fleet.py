@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge import __version__
-from quarl_edge.bench.device import PARTIAL, device_stub, transport_for, unwritable
+from quarl_edge.bench.device import PARTIAL, device_stub, unwritable
 from quarl_edge.bench.fleet_result import Failure, FleetReport, FleetSettings
 from quarl_edge.bench.partial import PartialBench, partial_path
 from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
 from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench, board_preflight, bundle_info, partial_key, plan
-from quarl_edge.bench.transport import Event, Transport
+from quarl_edge.bench.transport import Event, Transport, transport_for
 from quarl_edge.devices.preflight import check_host_ready
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
 from quarl_edge.outputs import claim
@@ -324,15 +324,12 @@ def _run(m: _Member, fleet: _Fleet) -> None:
     except BaseException as e:
         m.error = e
     finally:
-        close = getattr(m.transport, "close", None)
-        if close is not None:
-            close()
+        m.transport.close()
 
 
 def _preflight(m: _Member, fleet: _Fleet) -> None:
     """The device's pre-flight, then wait until every device has passed its own."""
-    prepare = getattr(m.transport, "prepare", None)
-    if prepare is None:  # this machine: the runner is a child process of this Python
+    if m.profile.transport == "local":  # this machine: the runner is a child process of this Python
         check_host_ready(fleet.manifest, fleet.names, len(m.cfg.seeds), m.profile.name)
         fleet.ready.wait()
         return
@@ -342,7 +339,7 @@ def _preflight(m: _Member, fleet: _Fleet) -> None:
         board(facts, upload_bytes)
         fleet.ready.wait()  # before the upload: a board that fails stops the others' uploads too
 
-    prepare(fleet.req.bundle, m.cfg.trace, preflight=check_then_wait)
+    m.transport.prepare(fleet.req.bundle, m.cfg.trace, preflight=check_then_wait)
 
 
 def _preflight_error(m: _Member, devices: int) -> BaseException:

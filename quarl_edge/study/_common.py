@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from quarl_edge.common.limits import check_paired_episodes
 from quarl_edge.outputs import Kind, claim
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
@@ -44,8 +45,8 @@ def check_suite(suite: str, known: Iterable[str]) -> None:
 
 
 def check_episodes(episodes: int | None, flag: str = "--episodes") -> None:
-    if episodes is not None and episodes < 2:
-        raise InputError(f"{flag} must be at least 2 (a confidence interval needs two)", f"e.g. {flag} 20")
+    if episodes is not None:
+        check_paired_episodes(episodes, flag)
 
 
 def check_bits(bits: Sequence[int] | None, what: str = "weight-only bits") -> None:

@@ -177,17 +177,16 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> Actor
     suite_name, out, address, progress = cfg.suite, cfg.out, cfg.address, say(progress)
     suite = SUITES[suite_name]
     ray = import_ray("ActorQ")
-    from quarl_edge.actorq import d4pg, dqn
+    from quarl_edge.actorq.learners import learner_args, train  # torch (~4 s): after the cheap checks
 
     runs: list[RunSummary] = []
     missing: list[str] = []
     started = False
     try:
         for task, seed, period, precision in _order(suite):
-            learner = d4pg if task.algo == "d4pg" else dqn
             name = f"{_slug(task.label)}-{precision}-u{period}-s{seed}"
             # resume=True: a run interrupted mid-way continues from its last checkpoint (same settings)
-            args = learner.Args(env=task.env, out=out / "runs" / name, actors=suite.actors,
+            args = learner_args(task.algo, env=task.env, out=out / "runs" / name, actors=suite.actors,
                                 actor_precision=precision, actor_runtime=task.actor_runtime, update_period=period,
                                 steps=task.steps, seed=seed, hidden=task.hidden, learning_starts=task.learning_starts,
                                 resume=True, **dict(task.overrides))  # fmt: skip
@@ -202,7 +201,7 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> Actor
                              log_to_driver=False, configure_logging=False)  # fmt: skip
                     started = True
                 progress(f"{name}: running ({task.steps:,} env steps)")
-                log, reused = learner.train(args), False  # type: ignore[arg-type]
+                log, reused = train(args), False
             run_s = (log.breakdown["learner"].wall_s or 0.0) if reused else time.perf_counter() - t
             runs.append(_summary(log, task, seed, period, precision, run_s))
             final = runs[-1].final_return

@@ -76,9 +76,9 @@ class QATStudyConfig:
     """override every task's QAT training steps"""
     policies: tuple[str, ...] | None = None
     """restrict to these tasks (zoo names) of the suite"""
-    activations: bool = True
+    activations: bool = QATConfig.activations
     """QAT also fake-quantizes activations (False: weight-only QAT, like the weight-only PTQ sweep)"""
-    scope: str = "all"
+    scope: str = QATConfig.scope
     """all: every layer trains fake-quantized (critics, value heads, targets too); actor: only the
     exported network's, so what learns the values stays fp32 (QAT_SCOPES)"""
     delay_fraction: float = 0.25
