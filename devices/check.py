@@ -6,17 +6,17 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from quarl_edge.devices.profiles import DeviceProfile
 from quarl_edge.devices.remote import LinkTimings, SSHTransport
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.facts import features_text
+from quarl_edge.runtimes.schema import JSONObject
 
 
 @dataclass(frozen=True)
 class DeviceCheck:
-    facts: dict[str, Any]
+    facts: JSONObject
     """what the device reported about itself (runtimes.facts' JSON)"""
     timings: LinkTimings | None = None
     """what reaching it cost (None: this machine)"""
@@ -42,7 +42,7 @@ class DeviceCheck:
         )
 
 
-def local_facts() -> dict[str, Any]:
+def local_facts() -> JSONObject:
     """The facts the local runner reports (`python -m quarl_edge.runtimes info`)."""
     r = subprocess.run(
         [sys.executable, "-m", "quarl_edge.runtimes", "info"], capture_output=True, text=True, timeout=300
@@ -52,7 +52,7 @@ def local_facts() -> dict[str, Any]:
         raise QuarlError(
             f"the local runner does not start ({r.stderr.strip()[-200:]})", "reinstall quarl-edge"
         )
-    data: dict[str, Any] = json.loads(line)
+    data: JSONObject = json.loads(line)
     data.pop("event", None)
     return data
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.devices.link import PolicyLink
 from quarl_edge.devices.profiles import DeviceProfile, remote_path
@@ -37,10 +36,10 @@ from quarl_edge.runtimes.bundlepath import read_file
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_bytes, sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, bundle_files, load_manifest
+from quarl_edge.runtimes.schema import Event, JSONObject
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, TRUST_FILE, check_signature, parse_public_line
 
-Event = dict[str, Any]
-Preflight = Callable[[dict[str, Any], int], None]
+Preflight = Callable[[JSONObject, int], None]
 """``preflight(facts, bytes_to_upload)``: raises to stop a bench the device cannot run (devices/preflight.py)"""
 MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
 INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
@@ -94,7 +93,7 @@ class SSHTransport:
         self.runner: RunnerZip | None = None
         self.bundles: dict[Path, CachedBundle] = {}
         self.traces: dict[Path, str] = {}
-        self.device_facts: dict[str, Any] = {}
+        self.device_facts: JSONObject = {}
         self._board_keys: dict[str, str] | None = None
         self.timings = LinkTimings()
 
@@ -256,7 +255,7 @@ class SSHTransport:
         self.timings.uploaded_files += [f"bundle file {rel}" for rel, _ in files]
         self.timings.uploaded_bytes += sum(len(d) for _, d in files)
 
-    def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> dict[str, Any]:
+    def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> JSONObject:
         """Run one of the runner's cache commands (receive, verify, name) and return its answer; the
         board's refusal (a path, a hash, a signature) is one QuarlError line naming the device."""
         r = self.ssh.run(cmd, stdin=stdin, timeout=self.profile.command_timeout)
@@ -285,7 +284,7 @@ class SSHTransport:
                            "set HOME for the SSH user on the device")  # fmt: skip
         return home
 
-    def _device_facts(self) -> dict[str, Any]:
+    def _device_facts(self) -> JSONObject:
         # the first runner command of a session: it also removes what cut uploads left in the cache
         cmd = sh(self.python, self.runner_path, "info", "--clean-cache", self.cache)
         r = self.ssh.run(cmd, timeout=INFO_TIMEOUT_S)
@@ -302,7 +301,7 @@ class SSHTransport:
                 f"the device's Python needs numpy and a runtime: quarl-edge devices setup {self.profile.name}",
             )
         info.pop("event", None)
-        facts: dict[str, Any] = {
+        facts: JSONObject = {
             "name": self.profile.name,
             "transport": "ssh",
             "host": self.ssh.host,

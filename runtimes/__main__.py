@@ -18,9 +18,10 @@ from . import defaults
 from .errors import QuarlError
 from .facts import device_info
 from .fsutil import finite_json
+from .schema import Event
 
 
-def _emit(obj: dict[str, Any]) -> None:
+def _emit(obj: Event) -> None:
     sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
     sys.stdout.flush()
 

@@ -25,10 +25,11 @@ from .facts import is_emulated
 from .loop import InLoopStats, check_hz, in_loop_stats
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
+from .schema import Event
 from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
-Progress = Callable[[dict[str, Any]], None]
+Progress = Callable[[Event], None]
 Act = Callable[[np.ndarray], Any]
 """an observation in, the env's action out"""
 OnStep = Callable[[np.ndarray, Any, float, bool], bool]

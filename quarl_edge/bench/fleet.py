@@ -48,6 +48,7 @@ from quarl_edge.outputs import claim
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import InputError, Interrupted, QuarlError
 from quarl_edge.runtimes.manifest import Manifest
+from quarl_edge.runtimes.schema import JSONObject
 
 SSH_FLAGS = ("host", "user", "port", "identity")
 STOP_GRACE_S = 5.0
@@ -335,7 +336,7 @@ def _preflight(m: _Member, fleet: _Fleet) -> None:
         return
     board = board_preflight(fleet.manifest, m.cfg, fleet.names, m.profile.name)
 
-    def check_then_wait(facts: dict[str, Any], upload_bytes: int) -> None:
+    def check_then_wait(facts: JSONObject, upload_bytes: int) -> None:
         board(facts, upload_bytes)
         fleet.ready.wait()  # before the upload: a board that fails stops the others' uploads too
 

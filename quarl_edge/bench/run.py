@@ -39,6 +39,7 @@ from quarl_edge.bench.result import (
 )
 from quarl_edge.bench.transport import Event, Transport, local_transport
 from quarl_edge.devices.preflight import check_ready
+from quarl_edge.devices.remote import Preflight
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
@@ -154,9 +155,7 @@ def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntr
     return manifest, names, ref
 
 
-def board_preflight(
-    manifest: Manifest, cfg: BenchConfig, names: list[str], where: str
-) -> Callable[[dict[str, Any], int], None]:
+def board_preflight(manifest: Manifest, cfg: BenchConfig, names: list[str], where: str) -> Preflight:
     """The check a transport's ``prepare`` runs once it knows the board's facts, before any upload:
     raises (one line naming ``where`` and the fix) when the board cannot run this bench."""
     on_board = 0 if cfg.env_on_host else len(cfg.seeds)  # episodes whose env runs there

@@ -15,18 +15,16 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from quarl_edge.devices.link import PolicyLink, local_link
 from quarl_edge.devices.profiles import DeviceProfile
 from quarl_edge.devices.remote import LinkTimings, Preflight, SSHTransport
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.facts import device_info
-
-Event = dict[str, Any]
-"""one JSON line of the device's runner (checked where it is read: bench/device_run.py, bench/partial.py)"""
+from quarl_edge.runtimes.schema import Event, JSONObject
 
 
 class Transport(Protocol):
@@ -43,7 +41,7 @@ class Transport(Protocol):
         ...
 
     @property
-    def device_facts(self) -> Mapping[str, object]:
+    def device_facts(self) -> JSONObject:
         """What the device reported about itself (runtimes.facts; data, never trusted as anything else)."""
         ...
 
@@ -83,7 +81,7 @@ class LocalTransport:
         """Nothing to upload: the bundle is here, and the bench checks its own machine as it runs."""
 
     @property
-    def device_facts(self) -> Mapping[str, object]:
+    def device_facts(self) -> JSONObject:
         return _local_facts()
 
     def policy_link(self, bundle: Path, model: str, threads: int) -> PolicyLink:
@@ -94,7 +92,7 @@ class LocalTransport:
 
 
 @functools.cache
-def _local_facts() -> Mapping[str, object]:
+def _local_facts() -> JSONObject:
     return device_info()
 
 
