@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite
+EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite,c,contrib,robotics
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
 .PHONY: demo test test-fast system-deps lint typecheck pytest bench clean
@@ -41,14 +41,20 @@ typecheck: $(VENV)/.installed-test
 system-deps:
 	bash .ci/system-deps
 
+# Two workers (a 2-core CI machine; many tests wait on subprocesses, sshd or qemu): every emulated test in
+# one group (one board per host), every other file a group of its own (tests/conftest.py), the emulated
+# group first as the longest. The 25 slowest tests are printed at the end.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 pytest: $(VENV)/.installed-test
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_PARALLEL) --durations=25
 
 test: system-deps lint typecheck pytest
 
 # The fast tier (under 3 minutes here): no slow, SSH or emulated-board tests.
 test-fast: $(VENV)/.installed-test
-	$(BIN)/pytest -q -m "not slow and not emulated and not ssh"
+	$(BIN)/pytest -q $(PYTEST_PARALLEL) --durations=10 -m "not slow and not emulated and not ssh"
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/latency.py

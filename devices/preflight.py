@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import MissingDependencyError
-from quarl_edge.runtimes.manifest import Manifest, load_manifest
+from quarl_edge.runtimes.manifest import Manifest, ModelEntry, load_manifest
 from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import EnvConfig
 
@@ -37,7 +37,8 @@ FAMILY_MODULES = {
 # (module, machine) pairs with no wheel on PyPI for that architecture (pip would build from source, which
 # fails on a board without SWIG and a compiler): the env runs on the host instead
 NO_WHEEL = {("Box2D", "aarch64"), ("Box2D", "armv7l")}
-FORMAT_RUNTIMES = {"onnx": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime", "tensorflow")}
+FORMAT_RUNTIMES = {"onnx": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime", "tensorflow"),
+                   "c": ("numpy",)}  # fmt: skip
 UPLOAD_MARGIN = 2.0  # free disk wanted, as a multiple of the upload (temp copy + final)
 
 
@@ -77,6 +78,7 @@ def check_ready(manifest: Manifest, facts: JSONObject, device: str, models: Sequ
                 f"{device} has no runtime for {fmt} (model {name!r}); nothing was measured",
                 f"install it there: {setup_command(device, [])}",
             )
+    check_c(manifest, facts, device, models)
     if episodes > 0:
         check_env(manifest.policy.env, facts, device)
     free = facts.get("disk_free_bytes")
@@ -85,6 +87,28 @@ def check_ready(manifest: Manifest, facts: JSONObject, device: str, models: Sequ
             f"{device} has {free / 2**20:.0f} MiB free, the upload needs about {UPLOAD_MARGIN * upload_bytes / 2**20:.0f} MiB",
             "free space on the device (its cache_dir) or set cache_dir in the device profile to a larger disk",
         )
+
+
+def check_c(manifest: Manifest, facts: JSONObject, device: str, models: Sequence[str]) -> None:
+    """A C model runs where a C compiler builds it (or an object built for the board's machine ships in
+    the bundle): raise naming what to install otherwise."""
+    if "c_compiler" not in facts or facts.get("c_compiler"):  # a runner too old to say, or a compiler
+        return
+    machine = str(facts.get("machine") or "")
+    for name in models:
+        entry = manifest.model(name)
+        if entry.format == "c" and not prebuilt_for(entry, machine):
+            raise MissingDependencyError(
+                f"{device} has no C compiler to build model {name!r} and the bundle has no object built for "
+                f"{machine or 'its machine'}; nothing was measured",
+                f"install one there ({setup_command(device, ['ziglang'])}, or apt-get install gcc on the board), "
+                f"or export with --c-prebuilt {machine or 'ARCH'} to cross-compile it on this host",
+            )
+
+
+def prebuilt_for(entry: ModelEntry, machine: str) -> bool:
+    """Whether a model's manifest entry names a prebuilt shared object for ``machine``."""
+    return any(f.role == "shared-object" and f.machine == machine for f in entry.files)
 
 
 def check_env(env: EnvConfig, facts: JSONObject, device: str) -> None:
@@ -111,7 +135,8 @@ def check_env(env: EnvConfig, facts: JSONObject, device: str) -> None:
 
 
 # what installs a runtime on this machine (the host), per model format
-HOST_RUNTIME_INSTALL = {"onnx": "pip install onnxruntime", "tflite": "pip install 'quarl-edge[tflite]'"}
+HOST_RUNTIME_INSTALL = {"onnx": "pip install onnxruntime", "tflite": "pip install 'quarl-edge[tflite]'",
+                        "c": "pip install numpy"}  # fmt: skip
 
 
 def check_host_ready(manifest: Manifest, models: Sequence[str], episodes: int, device: str = "local") -> None:
@@ -125,5 +150,12 @@ def check_host_ready(manifest: Manifest, models: Sequence[str], episodes: int, d
                 f"{device} has no runtime for {fmt} (model {name!r}); nothing was measured",
                 f"install it here: {HOST_RUNTIME_INSTALL.get(fmt, 'see docs/usage.md')}",
             )
+        if fmt == "c":
+            from quarl_edge.runtimes.ccompiler import INSTALL, find_compiler
+
+            if find_compiler() is None:
+                raise MissingDependencyError(
+                    f"{device} has no C compiler to build model {name!r}; nothing was measured", INSTALL
+                )
     if episodes > 0:
         make_env(manifest.policy.env).close()

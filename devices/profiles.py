@@ -11,8 +11,9 @@ Three layers, later ones win field by field:
 
 Fields left unset (``user``, ``port``, ``identity``, ``known_hosts``) fall back to ``~/.ssh/config`` and
 then to OpenSSH's defaults; ``host`` defaults to the profile name, so a ``Host rpi4`` block in
-``~/.ssh/config`` is all a board needs. Remote paths starting with ``~/`` are relative to the remote
-home. No password field exists: authentication is by key only.
+``~/.ssh/config`` is all a board needs. Remote paths (``python``, ``cache_dir``) starting with ``~/``, or
+relative, are under the board's own ``$HOME`` (asked once per connection), whatever folder its SSH
+sessions start in. No password field exists: authentication is by key only.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 
 import tomllib
 
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_text
+from quarl_edge.runtimes.schema import JSONObject
 
 PROFILE_DIR = Path(str(files("quarl_edge.devices").joinpath("profiles")))
 TRANSPORTS = ("local", "ssh")
@@ -140,7 +142,7 @@ class DeviceProfile:
 
         return shlex.join([self.name, *(x for k, v in self.flags for x in (f"--{k}", v))])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "flags"}
         out["source"] = list(self.source)
         return out
@@ -266,13 +268,35 @@ def local_path(path: str | None) -> Path | None:
     return Path(path).expanduser() if path else None
 
 
-def remote_path(path: str) -> str:
-    """A remote path for shell commands: ``~/x`` becomes ``x`` (relative to the SSH session's home)."""
-    if path == "~":
-        return "."
-    if path.startswith("~/"):
-        return path[2:] or "."
-    return path
+def remote_path(path: str, home: str) -> str:
+    """A profile's remote path (``python``, ``cache_dir``) as an absolute path on the board.
+
+    ``~`` and ``~/x`` are under the board's own ``$HOME`` (asked once per connection: :func:`parse_home`),
+    and so is a relative path; never the folder an SSH session happens to start in, which a board's
+    ``sshd_config`` or the user's login can set elsewhere."""
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:].strip("/")
+    elif path.startswith("~"):
+        raise InputError(f"remote path {path[:80]!r}: only ~/ (the board's $HOME) is understood",
+                         "write it as ~/... or as an absolute path")  # fmt: skip
+    elif path.startswith("/"):
+        return path
+    else:
+        rest = path.removeprefix("./").strip("/")
+    return f"{home.rstrip('/')}/{rest}" if rest else home
+
+
+def parse_home(stdout: str, exit_status: int | None, device: str) -> str:
+    """The board's ``$HOME`` from ``printf %s "$HOME"`` run there: absolute and printable, or refused."""
+    home = stdout.rstrip("/") or "/"
+    if exit_status != 0 or not stdout.startswith("/") or len(home) > 4096 or not home.isprintable():
+        raise QuarlError(f"{device} did not tell its home folder ($HOME: {stdout[:80]!r})",
+                         "set HOME for the SSH user on the board")  # fmt: skip
+    return home
+
+
+HOME_COMMAND = 'printf %s "$HOME"'
+"""the one command that asks a board for its $HOME (parsed by :func:`parse_home`)"""
 
 
 def _toml_value(v: Any) -> str:

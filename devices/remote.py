@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quarl_edge.devices.link import PolicyLink
-from quarl_edge.devices.profiles import DeviceProfile, remote_path
+from quarl_edge.devices.profiles import HOME_COMMAND, DeviceProfile, parse_home, remote_path
 from quarl_edge.devices.ssh import SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import RunnerZip, build_runner_zip
 from quarl_edge.runtimes.board import COMPLETE, stream_bundle
@@ -43,12 +43,6 @@ Preflight = Callable[[JSONObject, int], None]
 """``preflight(facts, bytes_to_upload)``: raises to stop a bench the device cannot run (devices/preflight.py)"""
 MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
 INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
-
-
-def _rp(path: str) -> str:
-    """A remote path safe as a command word: never starting with '-'."""
-    path = remote_path(path)
-    return f"./{path}" if path.startswith("-") else path
 
 
 @dataclass
@@ -88,8 +82,7 @@ class SSHTransport:
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
         self.ssh = SSHConnection(profile)
-        self.cache = _rp(profile.cache_dir)
-        self.python = _rp(profile.python) if "/" in profile.python else profile.python
+        self._home: str | None = None
         self.runner: RunnerZip | None = None
         self.bundles: dict[Path, CachedBundle] = {}
         self.traces: dict[Path, str] = {}
@@ -105,6 +98,17 @@ class SSHTransport:
 
     def close(self) -> None:
         self.ssh.close()
+
+    @property
+    def cache(self) -> str:
+        """The profile's cache_dir on the board, absolute (``~`` is the board's $HOME)."""
+        return remote_path(self.profile.cache_dir, self.home())
+
+    @property
+    def python(self) -> str:
+        """The profile's python on the board: absolute, or a bare name found on the board's PATH."""
+        p = self.profile.python
+        return remote_path(p, self.home()) if "/" in p or p.startswith("~") else p
 
     def runner_zip(self) -> RunnerZip:
         if self.runner is None:
@@ -275,14 +279,13 @@ class SSHTransport:
         return answer
 
     def home(self) -> str:
-        """The login directory on the device, absolute (a path printed for Python there cannot use ``~``)."""
-        self.connect()
-        r = self.ssh.run('printf %s "$HOME"', timeout=self.profile.connect_timeout + 30)
-        home = r.stdout.rstrip("/") or "/"
-        if r.exit_status != 0 or not home.startswith("/") or len(home) > 4096 or not home.isprintable():
-            raise SSHError(f"{self.profile.name} did not tell its home folder ($HOME: {home[:80]!r})",
-                           "set HOME for the SSH user on the device")  # fmt: skip
-        return home
+        """The board's $HOME, absolute, asked once per connection: where ``~`` in the profile points
+        (a session may start elsewhere), and what a path printed for Python there needs."""
+        if self._home is None:
+            self.connect()
+            r = self.ssh.run(HOME_COMMAND, timeout=self.profile.connect_timeout + 30)
+            self._home = parse_home(r.stdout, r.exit_status, self.profile.name)
+        return self._home
 
     def _device_facts(self) -> JSONObject:
         # the first runner command of a session: it also removes what cut uploads left in the cache

@@ -1,7 +1,9 @@
 """``quarl-edge devices setup NAME``: a venv with the runtime's wheels on a board that has no internet.
 
-The host downloads the device's wheels (devices/wheelhouse.py), uploads them over SSH and runs
-:func:`quarl_edge.devices.wheelhouse.setup_commands` there. The remote side is a two-method protocol:
+The wheels fit the board's own platform (machine, Python, glibc: asked there, devices/board_platform.py).
+The host downloads them (devices/wheelhouse.py) or takes them from a wheelhouse folder carried from a host
+with internet (``devices wheelhouse DIR``, then ``devices setup NAME --wheelhouse DIR``), uploads them over
+SSH and runs :func:`quarl_edge.devices.wheelhouse.setup_commands` there, every path under the board's $HOME. The remote side is a two-method protocol:
 devices/ssh.py's connection normally, :class:`OpenSSH` (the system's ``ssh``/``scp``, as strict about
 host keys) where asyncssh, which devices/ssh.py needs, is not installed.
 """
@@ -9,7 +11,6 @@ host keys) where asyncssh, which devices/ssh.py needs, is not installed.
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from quarl_edge.devices import wheelhouse
+from quarl_edge.devices import profiles, wheelhouse
+from quarl_edge.devices.board_platform import BoardPlatform, chosen, parse_probe, probe_command
 from quarl_edge.devices.wheelhouse import DEVICE_VENV, DEVICE_WHEELS
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 
@@ -103,10 +105,16 @@ def setup(
     wheel_dir: str = DEVICE_WHEELS,
     packages: tuple[str, ...] = wheelhouse.RUNTIME_PACKAGES,
     timeout: float = 1800,
+    home: str | None = None,
 ) -> str:
-    """Upload ``wheels`` and build the venv on the device; returns the venv's python (device path)."""
+    """Upload ``wheels`` and build the venv on the device; returns the venv's python (absolute).
+    A relative ``venv`` / ``wheel_dir`` (or one starting with ``~/``) is under the board's $HOME
+    (``home``, else asked)."""
     if not wheels:
         raise InputError("no wheels to install", "download a wheelhouse first")
+    if not (venv.startswith("/") and wheel_dir.startswith("/")):
+        home = home or board_home(shell)
+        venv, wheel_dir = profiles.remote_path(venv, home), profiles.remote_path(wheel_dir, home)
     commands = wheelhouse.setup_commands(
         python, [w.name for w in wheels], venv=venv, wheel_dir=wheel_dir, packages=packages
     )
@@ -117,6 +125,11 @@ def setup(
     return f"{venv}/bin/python"
 
 
+def board_home(shell: RemoteShell, device: str = "the device") -> str:
+    r = shell.run(profiles.HOME_COMMAND, timeout=60)
+    return profiles.parse_home(r.stdout, r.returncode, device)
+
+
 @dataclass(frozen=True)
 class SetupResult:
     device: str
@@ -124,6 +137,8 @@ class SetupResult:
     """the device venv's python"""
     wheels: tuple[Path, ...]
     packages: tuple[str, ...]
+    platform: BoardPlatform | None = None
+    """what the wheels were chosen for (the board's facts, flags applied)"""
 
     def versions(self) -> dict[str, str]:
         return wheelhouse.wheel_versions(list(self.wheels))
@@ -135,40 +150,108 @@ class SetupResult:
         return ", ".join(f"{n} {v.get(wheelhouse.canonical(n), '?')}" for n in names)
 
 
+SIGNING_PACKAGE = "cryptography"
+"""what the board needs to check signatures (runtimes/signing.py); aarch64 / armv7 wheels exist"""
+
+
+def board_spec(plat: BoardPlatform, packages: tuple[str, ...] = ()) -> wheelhouse.WheelhouseSpec:
+    """What a board of ``plat`` gets: the runtimes, cryptography (signed bundles), and ``packages``."""
+    return wheelhouse.WheelhouseSpec(arch=plat.arch, python_version=plat.python_version,
+                                     glibc=plat.glibc or "2.17",
+                                     packages=(*wheelhouse.RUNTIME_PACKAGES, SIGNING_PACKAGE, *packages))  # fmt: skip
+
+
+# left out where the board has no wheel for it, or a carried wheelhouse lacks it: the board then gets
+# its runtimes and cannot require signatures
+OPTIONAL = wheelhouse.OPTIONAL_PACKAGES | {SIGNING_PACKAGE}
+
+
+def offline_route(device: str, plat: BoardPlatform, packages: tuple[str, ...]) -> str:
+    """The fix for a host without internet: the exact commands of docs/devices.md's offline route."""
+    extra = " ".join(f"--package {shlex.quote(p)}" for p in packages)
+    build = shlex.join(["quarl-edge", "devices", "wheelhouse", "DIR", *plat.flags()])
+    return (f"on a host with internet run `{build}{' ' + extra if extra else ''}`, carry DIR here, then "
+            f"`quarl-edge devices setup {device} --wheelhouse DIR`")  # fmt: skip
+
+
 def setup_device(
     name: str,
     wheelhouse_dir: Path | None = None,
-    arch: str = "aarch64",
-    python_version: str = "3.11",
+    arch: str | None = None,
+    python_version: str | None = None,
     packages: tuple[str, ...] = (),
     log: Any = print,
+    glibc: str | None = None,
 ) -> SetupResult:
-    """`devices setup NAME`: wheels for the device (given in ``wheelhouse_dir``, else downloaded into it),
-    uploaded, and a venv built from them on the device."""
+    """`devices setup NAME`: a venv on the device from wheels for its own platform (its machine, Python
+    and glibc, asked there; ``arch`` / ``python_version`` / ``glibc`` override): those of
+    ``wheelhouse_dir`` when it holds any (carried from a host with internet), else downloaded here
+    (into ``wheelhouse_dir`` when given); uploaded, installed offline there, and imported."""
     wh = wheelhouse
-    spec = wh.WheelhouseSpec(  # cryptography: the board can check signed bundles (devices trust-key)
-        arch=arch, python_version=python_version, packages=wh.RUNTIME_PACKAGES + (SIGNING_PACKAGE,) + packages
-    )
-    # left out where the board has no wheel for it, or a carried wheelhouse lacks it: the board then
-    # gets its runtimes and cannot require signatures
-    optional = wh.OPTIONAL_PACKAGES | {SIGNING_PACKAGE}
-    pins: list[wh.Pin] | None = None
     with open_device(name) as (shell, venv):  # a bad name fails before any download
-        given = wh.resolve(spec, wheelhouse_dir, download_missing=False)
-        if given:  # carried to an offline host: install what is there, import what it provides
-            have = wh.wheel_versions(given)
-            spec = wh.WheelhouseSpec(arch=arch, python_version=python_version, packages=tuple(
-                p for p in spec.packages if wh.canonical(wh.requirement_name(p)) in have or p not in optional
-            ))  # fmt: skip
+        board = parse_probe_run(shell, name)
+        plat = chosen(board, arch, python_version, glibc, name)
+        flags = [
+            f for f, v in (("--arch", arch), ("--python-version", python_version), ("--glibc", glibc)) if v
+        ]
+        log(f"{name}: {plat.shown()} (" + (f"the board's, with {', '.join(flags)}" if flags else "read from the board") + ")")  # fmt: skip
+        expected = profiles.load_profile(name).arch
+        if expected and expected != board.arch and not arch:
+            log(f"{name}: its profile says arch = {expected!r}; the wheels are for what it is, {board.arch}")
+        spec = board_spec(plat, packages)
+        fix = offline_route(name, plat, packages)
+        pins: list[wh.Pin] | None = None
+        carried = wh.resolve(spec, wheelhouse_dir, download_missing=False)
+        if carried:  # from a host with internet: the wheels that fit this board, all it needs there
+            required = tuple(p for p in spec.packages if p not in OPTIONAL)
+            carried = wh.for_platform(carried, spec, required, f"rebuild it: {fix}")
+            have = wh.wheel_versions(carried)
+            spec = wh.WheelhouseSpec(arch=spec.arch, python_version=spec.python_version, glibc=spec.glibc,
+                                     packages=tuple(p for p in spec.packages
+                                                    if wh.canonical(wh.requirement_name(p)) in have))  # fmt: skip
         else:  # the host's versions where the device has wheels for them, else the newest that do
-            spec, pins = wh.platform_pinned(spec, optional=optional)
+            if wheelhouse_dir is not None:
+                _ours_or_empty(wheelhouse_dir)
+            try:
+                spec, pins = wh.platform_pinned(spec, optional=OPTIONAL)
+            except MissingDependencyError as e:
+                raise MissingDependencyError(e.problem, fix) from None
             for p in pins:
                 if p.version != p.host:
                     log(f"{p.name}: {p.version or 'left out'} ({p.reason})")
-        wheels = given or wh.download(spec, wheelhouse_dir, pins=pins)
+        try:
+            wheels = carried or wh.download(spec, wheelhouse_dir, pins=pins)
+        except MissingDependencyError as e:
+            raise MissingDependencyError(e.problem, fix) from None
         log(f"uploading {len(wheels)} wheels to {name} and building the venv {venv} there")
-        python = setup(shell, wheels, venv=venv, packages=spec.packages)
-    return SetupResult(name, python, tuple(wheels), spec.packages)
+        python = setup(shell, wheels, venv=venv, packages=spec.packages, home=board.home)
+    return SetupResult(name, python, tuple(wheels), spec.packages, plat)
+
+
+@dataclass(frozen=True)
+class BuiltWheelhouse:
+    folder: Path
+    wheels: tuple[Path, ...]
+    pins: tuple[wheelhouse.Pin, ...]
+
+
+def build_wheelhouse(dest: Path, plat: BoardPlatform, packages: tuple[str, ...] = ()) -> BuiltWheelhouse:
+    """`devices wheelhouse DIR`: on a host with internet, the wheels `devices setup` installs on a board
+    of ``plat`` (the same pins), into ``dest`` to carry to a host without internet. ``dest`` is a new
+    folder, an empty one, or a wheelhouse of ours (replaced when it was for another platform)."""
+    _ours_or_empty(dest)
+    spec, pins = wheelhouse.platform_pinned(board_spec(plat, packages), optional=OPTIONAL)
+    wheels = wheelhouse.download(spec, dest, pins=pins)
+    return BuiltWheelhouse(dest, tuple(wheels), tuple(pins))
+
+
+def _ours_or_empty(dest: Path) -> None:
+    """A download replaces the folder whole: only a new, empty or earlier wheelhouse folder may be it."""
+    if dest.exists() and (
+        not dest.is_dir() or (any(dest.iterdir()) and not (dest / "wheelhouse.json").is_file())
+    ):
+        raise InputError(f"{str(dest)!r} exists and is not a wheelhouse of ours (no wheelhouse.json); nothing written",
+                         "pass a new or empty folder")  # fmt: skip
 
 
 def _check(proc: subprocess.CompletedProcess[str], command: str) -> None:
@@ -186,17 +269,16 @@ def _last_line(text: str) -> str:
 
 @contextlib.contextmanager
 def open_device(name: str) -> Iterator[tuple[RemoteShell, str]]:
-    """A connected remote shell to device ``name`` and the venv its profile's ``python`` lives in.
+    """A connected remote shell to device ``name`` and the venv its profile's ``python`` lives in (absolute:
+    ``~`` is the board's $HOME, asked there).
 
     The SSH transport of devices/ssh.py (asyncssh: strict host keys, ~/.ssh/config, keepalives);
     without asyncssh, the system's OpenSSH client with the same strictness.
     """
-    from quarl_edge.devices import profiles
-
     profile = profiles.load_profile(name)
     if profile.transport != "ssh":
         raise InputError(f"device {name!r} is reached by {profile.transport!r}, not SSH", "set it up by hand")
-    venv = venv_of(profiles.remote_path(profile.python))
+    venv = venv_of(profile.python)
     try:
         from quarl_edge.devices.ssh import SSHConnection
 
@@ -206,20 +288,25 @@ def open_device(name: str) -> Iterator[tuple[RemoteShell, str]]:
             profiles.local_path(profile.identity),
             profiles.local_path(profile.known_hosts),
         )
-        yield (
-            OpenSSH(
-                host=profile.ssh_host,
-                user=profile.user or "",
-                port=profile.port or 22,
-                identity=str(identity) if identity else None,
-                known_hosts=str(known_hosts) if known_hosts else None,
-                connect_timeout=int(profile.connect_timeout),
-            ),
-            venv,
+        shell: RemoteShell = OpenSSH(
+            host=profile.ssh_host,
+            user=profile.user or "",
+            port=profile.port or 22,
+            identity=str(identity) if identity else None,
+            known_hosts=str(known_hosts) if known_hosts else None,
+            connect_timeout=int(profile.connect_timeout),
         )
+        yield shell, profiles.remote_path(venv, board_home(shell, name))
         return
     with conn:
-        yield _ConnectionShell(conn), venv
+        shell = _ConnectionShell(conn)
+        yield shell, profiles.remote_path(venv, board_home(shell, name))
+
+
+def parse_probe_run(shell: RemoteShell, device: str, python: str = "python3") -> BoardPlatform:
+    """The board's platform facts and $HOME (devices/board_platform.py), asked through ``shell``."""
+    r = shell.run(probe_command(python), timeout=120)
+    return parse_probe(r.stdout, r.returncode, device, python)
 
 
 class _ConnectionShell:
@@ -250,94 +337,3 @@ def venv_of(python: str) -> str:
         if python.endswith(suffix) and len(python) > len(suffix):
             return python[: -len(suffix)]
     return DEVICE_VENV
-
-
-# ---- signed bundles: a board that trusts only given keys ---------------------------------------------
-
-SIGNING_PACKAGE = "cryptography"
-"""what the board needs to check signatures (runtimes/signing.py); aarch64 / armv7 wheels exist"""
-_TRUSTED = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); from quarl_edge.runtimes.signing import trusted_keys; "
-    "print(json.dumps(sorted(trusted_keys())))"
-)
-
-
-@dataclass(frozen=True)
-class Trusted:
-    device: str
-    fingerprint: str
-    path: str
-    """the board's trust file (absolute)"""
-    keys: tuple[str, ...]
-    """every fingerprint the board now trusts, as the board's own runtime reads the file"""
-    added: bool
-    installed: str | None
-    """the cryptography version installed for it (None: the board had it)"""
-
-
-def trust_key(
-    name: str, public_key: Path, overrides: dict[str, Any] | None = None, log: Any = print
-) -> Trusted:
-    """`devices trust-key NAME KEY.pub`: add the key to the board's trusted keys (which turns "signed
-    bundles only" on there), after making sure the board's Python can check signatures. Only the public
-    key is sent: a private key is refused before anything connects."""
-    from quarl_edge.devices import profiles
-    from quarl_edge.devices.remote import SSHTransport
-    from quarl_edge.runtimes.signing import TRUST_FILE, public_key_line
-
-    fp, line = public_key_line(public_key)
-    profile = profiles.load_profile(name, overrides)
-    if profile.transport != "ssh":
-        raise InputError(f"device {name!r} is this machine, not a board over SSH",
-                         f"add the key line to ~/{TRUST_FILE} here by hand")  # fmt: skip
-    q = shlex.quote
-    with SSHTransport(profile) as t:
-        t.prepare()  # the runner, the board's facts
-        installed = _ensure_signing_package(t, log)
-        home = t.home()
-        path = f"{home}/{TRUST_FILE}"
-        folder = path.rsplit("/", 1)[0]
-        entry = f"{line} trusted-by-quarl-edge"
-        r = t.ssh.run(f"mkdir -p -- {q(folder)} && touch -- {q(path)} && chmod 600 -- {q(path)} && "
-                      f"if grep -qF -- {q(line)} {q(path)}; then echo present; "
-                      f"else printf '%s\\n' {q(entry)} >> {q(path)} && echo added; fi")  # fmt: skip
-        if r.exit_status != 0:
-            raise SetupError(
-                f"cannot write {path} on {name} ({_last_line(r.stderr)})", "check the board's disk"
-            )
-        keys = t.ssh.run(shlex.join([t.python, "-c", _TRUSTED, t.runner_path]))
-    try:
-        trusted = tuple(json.loads(keys.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
-        trusted = ()
-    if keys.exit_status != 0 or fp not in trusted:
-        raise SetupError(f"{name} does not read {path} back with the key ({_last_line(keys.stderr)})",
-                         "check that file on the board: one 'ssh-ed25519 AAAA...' line per key")  # fmt: skip
-    return Trusted(name, fp, path, trusted, r.stdout.strip() == "added", installed)
-
-
-def _ensure_signing_package(t: Any, log: Any) -> str | None:
-    """Install cryptography into the profile's venv when its Python lacks it: wheels for the board's
-    platform downloaded here, uploaded, pip-installed offline. Returns the version installed (None:
-    it was there)."""
-    probe = shlex.join([t.python, "-c", f"import {SIGNING_PACKAGE}"])
-    if t.ssh.run(probe).exit_status == 0:
-        return None
-    facts = t.device_facts
-    machine, version = str(facts.get("machine") or ""), str(facts.get("python") or "")
-    spec = wheelhouse.WheelhouseSpec(arch=machine, python_version=".".join(version.split(".")[:2]),
-                                     packages=(SIGNING_PACKAGE,))  # fmt: skip
-    spec, pins = wheelhouse.platform_pinned(spec)
-    wheels = wheelhouse.download(spec, pins=pins)
-    log(f"{t.profile.name}: installing {SIGNING_PACKAGE} ({len(wheels)} wheels) to check signatures there")
-    folder = f"{t.cache}/wheels/signing-{spec.key()}"
-    for w in wheels:
-        t.upload(w.read_bytes(), f"{folder}/{w.name}", f"wheel {w.name}")
-    versions = wheelhouse.wheel_versions([w.name for w in wheels])
-    pip = [t.python, "-m", "pip", "install", "--no-index", "--no-cache-dir", "--disable-pip-version-check",
-           "--find-links", folder, *(f"{n}=={v}" for n, v in versions.items())]  # fmt: skip
-    r = t.ssh.run(f"{shlex.join(pip)} && rm -rf -- {shlex.quote(folder)}", timeout=t.profile.command_timeout)
-    if r.exit_status != 0 or t.ssh.run(probe).exit_status != 0:
-        raise SetupError(f"could not install {SIGNING_PACKAGE} on {t.profile.name} ({_last_line(r.stderr)})",
-                         f"install it there: quarl-edge devices setup {t.profile.name}")  # fmt: skip
-    return versions.get(SIGNING_PACKAGE)

@@ -284,6 +284,69 @@ def resolve(spec: WheelhouseSpec, folder: Path | None = None, *, download_missin
     return download(spec, folder) if download_missing else []
 
 
+_TAGS = re.compile(r"^[^-]+-[^-]+(?:-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def wheel_fits(name: str, spec: WheelhouseSpec) -> str | None:
+    """None when the wheel file ``name`` installs on ``spec``'s platform, else why not (a phrase)."""
+    m = _TAGS.fullmatch(name)
+    if not m:
+        return "is not a wheel file name"
+    major, minor = (int(x) for x in spec.python_version.split("."))
+    glibc = tuple(int(x) for x in spec.glibc.split("."))
+    pys, abis = m["py"].split("."), m["abi"].split(".")
+    abi3 = "abi3" in abis and any(
+        t.startswith("cp3") and t[3:].isdigit() and int(t[3:]) <= minor for t in pys
+    )
+    if not (abi3 or any(t in (f"cp{major}{minor}", f"py{major}{minor}", f"py{major}") for t in pys)):
+        return f"is for {m['py']}, the board has Python {spec.python_version}"
+
+    def fits(plat: str) -> bool:
+        if plat == "any" or plat == f"linux_{spec.arch}":
+            return True
+        head, _, rest = plat.partition(f"_{spec.arch}")
+        if rest or not plat.endswith(f"_{spec.arch}"):
+            return False
+        if head in _LEGACY:
+            return _LEGACY[head] <= glibc
+        v = re.fullmatch(r"manylinux_(\d+)_(\d+)", head)
+        return v is not None and (int(v[1]), int(v[2])) <= glibc
+
+    if not any(fits(t) for t in m["plat"].split(".")):
+        return f"is for {m['plat']}, the board is {spec.arch} with glibc {spec.glibc}"
+    return None
+
+
+def for_platform(wheels: list[Path], spec: WheelhouseSpec, required: tuple[str, ...], fix: str) -> list[Path]:
+    """The wheels of a carried wheelhouse that install on ``spec``'s platform (a folder may hold several
+    boards' wheels); refused in one line when a ``required`` package has none, or two versions fit."""
+    fit: list[Path] = []
+    why: dict[str, str] = {}
+    for w in wheels:
+        reason = wheel_fits(w.name, spec)
+        if reason is None:
+            fit.append(w)
+        else:
+            why.setdefault(canonical(w.name.split("-", 1)[0]), f"{w.name} {reason}")
+    have: dict[str, str] = {}
+    for w in fit:
+        n, v = next(iter(wheel_versions([w]).items()), (canonical(w.name.split("-", 1)[0]), "?"))
+        if n in have and have[n] != v:
+            raise InputError(
+                f"the wheelhouse holds {n} {have[n]} and {v}, both for this board", "keep one of them"
+            )
+        have[n] = v
+    for r in required:
+        n = canonical(requirement_name(r))
+        if n not in have:
+            found = f" ({why[n]})" if n in why else ""
+            raise InputError(
+                f"the wheelhouse has no {n} wheel for {spec.arch} Python {spec.python_version}{found}", fix
+            )
+    return fit
+
+
 def _write_manifest(path: Path, spec: WheelhouseSpec, names: list[str], pins: list[Pin] | None) -> None:
     data = {
         "schema": 1,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from quarl_edge.policy.net import Policy
@@ -38,6 +39,9 @@ class ExportConfig:
     them ("mlp.0", "out"; "cnn.0", "cnn_fc.0"); () quantizes every layer. None: each exporter's default
     (int8: float_io_layers decides; int4 and QAT learned ranges: their fixed choice). An explicit tuple
     overrides float_io_layers; unknown names are refused by quantized_layers before calibration"""
+    c_prebuilt: tuple[str, ...] = ()
+    """machines (aarch64, x86_64, armv7l) to cross-compile a C model's shared object for, shipped in the
+    bundle for boards without a C compiler (exporters/c.py)"""
     activation_type: str = "S8S8"
     """ONNX int8/int4 activation type: S8S8 (int8 activations) or U8S8 (uint8 activations, int8 weights).
     TFLite ignores it (its integer kernels take int8 activations; its manifest says so)"""
@@ -57,6 +61,14 @@ class ExportConfig:
                 f"unknown activation type {self.activation_type!r}",
                 f"choose one of: {', '.join(ACTIVATION_TYPES)}",
             )
+        machines = (self.c_prebuilt,) if isinstance(self.c_prebuilt, str) else tuple(self.c_prebuilt)
+        from quarl_edge.runtimes.ccompiler import ZIG_TARGETS
+
+        odd = next((m for m in machines if m not in ZIG_TARGETS), None)
+        if odd is not None:
+            raise InputError(f"no prebuilt C objects for machine {str(odd)[:32]!r}",
+                             f"choose among: {', '.join(ZIG_TARGETS)}")  # fmt: skip
+        object.__setattr__(self, "c_prebuilt", tuple(dict.fromkeys(machines)))
         if self.float_layers is not None:
             if isinstance(self.float_layers, str):  # "out" would otherwise read as ("o", "u", "t")
                 raise InputError(
@@ -73,6 +85,32 @@ class ExportConfig:
             if twice is not None:
                 raise InputError(f"float_layers names {twice!r} twice", "name each layer once")
             object.__setattr__(self, "float_layers", names)
+
+
+def extra_inputs(policy: Policy, batch: int) -> dict[str, torch.Tensor]:
+    """The graph's inputs after the observation, in order, as example tensors of ``batch`` rows: the
+    action mask of a masked policy (all allowed; the mask acts after the output layer, so calibrating
+    with every action allowed sees the same activations as any mask), then the recurrent state
+    ([layers, batch, hidden], zeros)."""
+    out: dict[str, torch.Tensor] = {}
+    if policy.arch.action_mask:
+        out["action_mask"] = torch.ones((batch, policy.spec.action_space.logits), dtype=torch.float32)
+    for st, zeros in zip(policy.spec.state, policy.zero_state(batch), strict=True):
+        out[st.input] = zeros
+    return out
+
+
+def output_names(policy: Policy, action: str) -> list[str]:
+    """The graph's outputs in order: the action, then the recurrent state after the step."""
+    return [action, *(st.output for st in policy.spec.state)]
+
+
+def dynamic_shapes(policy: Policy, batch: Any) -> tuple[Any, ...]:
+    """torch.export's dynamic_shapes for PolicyNet.forward(obs, *extra): the batch axis of the
+    observation, and of each extra input in a tuple (the state's is axis 1: [layers, batch, hidden])."""
+    axes = {st.input: st.batch_axis for st in policy.spec.state}
+    extra = tuple({axes.get(n, 0): batch} for n in extra_inputs(policy, 1))
+    return ({0: batch}, extra) if extra else ({0: batch},)
 
 
 def compute_layers(policy: Policy) -> list[str]:
@@ -113,6 +151,17 @@ def quantized_layers(
     return [n for n in layers if n not in keep], keep
 
 
+@dataclass(frozen=True)
+class ExtraFile:
+    """A file an exporter wrote beside the model's own (a C header, a prebuilt shared object)."""
+
+    path: Path
+    role: str
+    """``header`` or ``shared-object`` (runtimes.manifest.FILE_ROLES)"""
+    machine: str | None = None
+    built_by: str | None = None
+
+
 @dataclass
 class ExportedModel:
     """What an exporter produced; the bundle writer adds name, sha256 and size."""
@@ -124,6 +173,8 @@ class ExportedModel:
     io: dict[str, Any] = field(default_factory=dict)
     toolchain: dict[str, str] = field(default_factory=dict)
     """converter, quantizer and the runtime that read the parameters back, with versions"""
+    files: list[ExtraFile] = field(default_factory=list)
+    """the model's other files, in the same folder as ``file`` (the manifest hashes each)"""
 
 
 @dataclass(frozen=True)
@@ -139,6 +190,9 @@ class ExportContext:
     """a QAT policy without fake quantization, its weights on the n-bit grid (quarl_edge.quant.deployable)"""
     learned_ranges: tuple[tuple[float, float] | None, ...] = ()
     """a QAT policy's learned input range of each quantized layer, in layer order"""
+    calibration_state: tuple[np.ndarray, ...] = ()
+    """a recurrent policy's state at each calibration observation ([N, layers, hidden] each, the torch
+    policy run over the recorded episodes), so the recurrent layers calibrate on the states they see"""
 
     @property
     def quantizable(self) -> Policy:

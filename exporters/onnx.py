@@ -25,6 +25,9 @@ from quarl_edge.exporters.base import (
     ExportContext,
     ExportedModel,
     compute_layers,
+    dynamic_shapes,
+    extra_inputs,
+    output_names,
     quantized_layers,
     register,
     reraise_interrupt,
@@ -69,11 +72,17 @@ def input_dtype(obs_space: Any) -> np.dtype:
 
 
 def export_fp32(ctx: ExportContext, path: Path) -> Path:
-    """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch."""
+    """The PolicyNet (with in-graph pre/postprocessing) as an ONNX graph with a dynamic batch; a foreign
+    ONNX policy's own graph as it was imported (policy/onnx_source.py)."""
     policy = ctx.policy
+    if policy.source_model is not None:
+        path.write_bytes(policy.source_model)
+        return path
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
     example = torch.zeros((2, *obs_space.shape), dtype=dtype)
+    extras = extra_inputs(policy, 2)
+    names = [INPUT_NAME, *extras]
     batch = torch.export.Dim("batch", min=1, max=65536)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" noise
     with warnings.catch_warnings():
@@ -81,12 +90,12 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
         try:
             program = torch.onnx.export(
                 policy.net,
-                (example,),
+                (example, *extras.values()),
                 dynamo=True,
                 external_data=False,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: batch},),
+                input_names=names,
+                output_names=output_names(policy, OUTPUT_NAME),
+                dynamic_shapes=dynamic_shapes(policy, batch),
                 opset_version=ctx.config.opset,
                 verbose=False,
                 optimize=True,
@@ -105,7 +114,10 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
 @register("onnx-fp32")
 def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     export_fp32(ctx, path)
-    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), _toolchain())
+    tools = (
+        _toolchain() if ctx.policy.source_model is None else {"converter": "none: the imported ONNX graph"}
+    )
+    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), tools)
 
 
 @register("onnx-fp16")
@@ -135,7 +147,14 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
 class _Reader:
     """onnxruntime.quantization CalibrationDataReader over recorded observations."""
 
-    def __init__(self, obs: np.ndarray, dtype: np.dtype, batch: int = 64) -> None:
+    def __init__(
+        self,
+        obs: np.ndarray,
+        dtype: np.dtype,
+        batch: int = 64,
+        policy: Policy | None = None,
+        state: tuple[np.ndarray, ...] = (),
+    ) -> None:
         # All batches the same size (the largest divisor of the sample count up to `batch`): ORT's
         # histogram calibrators (percentile, entropy) np.asarray the per-batch outputs together and
         # fail on a short last batch.
@@ -143,14 +162,21 @@ class _Reader:
         self._batches = [
             np.ascontiguousarray(obs[i : i + batch], dtype=dtype) for i in range(0, len(obs), batch)
         ]
-        self._it = iter(self._batches)
+        self._extras = {k: v.numpy() for k, v in extra_inputs(policy, batch).items()} if policy else {}
+        # a recurrent policy's recorded states ([N, layers, hidden] -> [layers, batch, hidden] per batch)
+        names = [st.input for st in policy.spec.state] if policy else []
+        self._states = [
+            {n: np.ascontiguousarray(np.swapaxes(s[i : i + batch], 0, 1), np.float32) for n, s in zip(names, state, strict=True)}
+            for i in range(0, len(obs), batch)
+        ] if state else [{} for _ in self._batches]  # fmt: skip
+        self._it = iter(zip(self._batches, self._states, strict=True))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        b = next(self._it, None)
-        return None if b is None else {INPUT_NAME: b}
+        item = next(self._it, None)
+        return None if item is None else {INPUT_NAME: item[0], **self._extras, **item[1]}
 
     def rewind(self) -> None:
-        self._it = iter(self._batches)
+        self._it = iter(zip(self._batches, self._states, strict=True))
 
 
 def _qdq_params(path: Path) -> dict[str, Any]:
@@ -345,7 +371,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     _quantize_qdq(
         pre,
         path,
-        _Reader(dummy, dummy.dtype),
+        _Reader(dummy, dummy.dtype, policy=plain),
         cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
@@ -388,6 +414,8 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
 
     if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
+    if ctx.policy.source_model is not None:
+        return _export_int8_foreign(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated
     ctx = replace(ctx, policy=ctx.quantizable)
     cfg = ctx.config
@@ -420,7 +448,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy, state=ctx.calibration_state),
         cfg.activation_type,
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
@@ -445,6 +473,49 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     import onnxruntime
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
+
+
+def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
+    """A foreign ONNX graph quantized as ORT quantizes any graph (QDQ, calibrated on the recorded
+    observations and, for a recurrent graph, the states the fp32 graph had at each of them). ORT's QDQ
+    quantizer has no LSTM/GRU kernels: a recurrent cell stays float, and the manifest says so."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+
+    cfg = ctx.config
+    if ctx.calibration is None or len(ctx.calibration) == 0:
+        raise InputError("int8 export needs calibration observations", "pass --calibration OBS.npz")
+    fp32 = export_fp32(ctx, ctx.workdir / "foreign-src.fp32.onnx")
+    dims = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim
+    batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 64
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+              "entropy": CalibrationMethod.Entropy}[cfg.calibration_method]  # fmt: skip
+    extra: dict[str, Any] = (
+        {"CalibPercentile": cfg.percentile} if cfg.calibration_method == "percentile" else {}
+    )
+    reader = _Reader(ctx.calibration, np.dtype(np.float32), batch, ctx.policy, ctx.calibration_state)
+    _quantize_qdq(fp32, path, reader, cfg.activation_type, weight_type=QuantType.QInt8,
+                  per_channel=bool(cfg.per_channel), calibrate_method=method, extra_options=extra)  # fmt: skip
+    model = onnx.load(str(path))
+    float_ops = sorted({n.op_type for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")})
+    quant = {
+        "scheme": _scheme(cfg.activation_type) + " (a foreign graph: every op ORT quantizes)",
+        "calibration_method": cfg.calibration_method,
+        "calibration_samples": int(len(ctx.calibration)),
+        "activation_type": cfg.activation_type,
+        "float_recurrent_ops": float_ops,
+        **(
+            {"note": f"{', '.join(float_ops)} stays float: ONNX Runtime has no int8 kernel for it"}
+            if float_ops
+            else {}
+        ),
+        **_qdq_params(path),
+    }
+    import onnxruntime
+
+    tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
+    tools["converter"] = "none: the imported ONNX graph"
     return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
 
 
@@ -481,7 +552,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     _quantize_qdq(
         pre,
         path,
-        _Reader(ctx.calibration, dtype),
+        _Reader(ctx.calibration, dtype, policy=ctx.policy, state=ctx.calibration_state),
         cfg.activation_type,
         weight_type=QuantType.QInt4,
         per_channel=per_channel,

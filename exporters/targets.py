@@ -11,9 +11,9 @@ from quarl_edge.runtimes.errors import InputError
 
 
 def load_builtin() -> None:
-    # Both modules import their converters lazily, so each registers its targets even when its
+    # The modules import their converters lazily, so each registers its targets even when its
     # optional extra is not installed; resolve_targets() then names the install command.
-    from quarl_edge.exporters import onnx, tflite  # noqa: F401
+    from quarl_edge.exporters import c, onnx, tflite  # noqa: F401
 
 
 def resolve_targets(spec: str | list[str]) -> list[str]:

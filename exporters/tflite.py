@@ -38,6 +38,8 @@ from quarl_edge.exporters.base import (
     ExportedModel,
     Requirement,
     compute_layers,
+    dynamic_shapes,
+    extra_inputs,
     missing_dependency,
     quantized_layers,
     register,
@@ -111,6 +113,11 @@ def _example(policy: Policy, batch: int = 1) -> torch.Tensor:
     return torch.zeros((batch, *space.shape), dtype=dtype)
 
 
+def _args(policy: Policy, batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """Every graph input, in order: the observation, then extra_inputs (an action mask)."""
+    return (_example(policy, batch), *extra_inputs(policy, batch).values())
+
+
 # ---- conversion and its failures -------------------------------------------------------------------
 
 _OP = re.compile(r"(?:Lowering not found|not supported|unsupported)[^:]*:\s*(?:torch\.ops\.)?([\w.]+)", re.I)
@@ -151,10 +158,13 @@ def _convert(
 ) -> Path:
     """litert_torch.convert with a batch-1 signature, written to ``path``; one-line errors naming the layer."""
     litert_torch = _litert_torch(name)
+    if policy.source_model is not None:
+        raise InputError(f"{name} converts a torch module, and this policy is an imported ONNX graph",
+                         "export it to onnx-fp32, onnx-fp16 or onnx-int8")  # fmt: skip
     example = _example(policy)
     try:
         with _quiet(), torch.no_grad():
-            model = litert_torch.convert(module or policy.net, (example,), quant_config=quant_config)
+            model = litert_torch.convert(module or policy.net, _args(policy), quant_config=quant_config)
             model.export(str(path))
     except Exception as e:  # the converter raises many types; name the layer the user can act on
         reraise_interrupt(e)
@@ -382,14 +392,19 @@ def _calibrated(ctx: ExportContext, quantizer: Any) -> nn.Module:
     batch = torch.export.Dim("batch", min=1, max=65536)
     with _quiet():
         program = torch.export.export(
-            ctx.policy.net, (_example(ctx.policy, 2),), dynamic_shapes=({0: batch},)
+            ctx.policy.net, _args(ctx.policy, 2), dynamic_shapes=dynamic_shapes(ctx.policy, batch)
         )
         prepared = prepare_pt2e(program.module(), quantizer)
         dtype = _example(ctx.policy).dtype  # float64 observations (MuJoCo) are fed as float32
         with torch.no_grad():
             for i in range(0, len(ctx.calibration), CALIBRATION_BATCH):
                 chunk = np.ascontiguousarray(ctx.calibration[i : i + CALIBRATION_BATCH])
-                prepared(torch.as_tensor(chunk).to(dtype))
+                extras = list(_args(ctx.policy, len(chunk))[1:])
+                if ctx.calibration_state:  # a recurrent policy's recorded states, [layers, batch, hidden]
+                    k = len(extras) - len(ctx.calibration_state)
+                    extras[k:] = [torch.as_tensor(np.swapaxes(st[i : i + CALIBRATION_BATCH], 0, 1).copy())
+                                  for st in ctx.calibration_state]  # fmt: skip
+                prepared(torch.as_tensor(chunk).to(dtype), *extras)
         return convert_pt2e(prepared, fold_quantize=False)
 
 
@@ -414,10 +429,10 @@ def _learned_ranges(
 
     layer_ops = {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default}
     with _quiet():
-        program = torch.export.export(ctx.policy.net, (_example(ctx.policy, 1),))
+        program = torch.export.export(ctx.policy.net, _args(ctx.policy, 1))
         prepared = prepare_pt2e(program.module(), quantizer)
         with torch.no_grad():
-            prepared(_example(ctx.policy, 1))
+            prepared(*_args(ctx.policy, 1))
     observers = {
         n.name: n
         for n in prepared.graph.nodes
@@ -520,6 +535,9 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
 
 @register("tflite-int8", calibrated=True, requires=TFLITE)
 def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
+    if ctx.policy.source_model is not None:
+        raise InputError("tflite-int8 converts a torch module, and this policy is an imported ONNX graph",
+                         "export it to onnx-fp32, onnx-fp16 or onnx-int8")  # fmt: skip
     if ctx.qat and ctx.qat.learned_int8_ranges:
         return _export_int8_learned_ranges(ctx, path)
     # fewer QAT bits: the n-bit weights are exported on an int8 grid, activations calibrated

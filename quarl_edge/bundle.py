@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,9 @@ from quarl_edge.exporters.base import (
     ExportContext,
 )
 from quarl_edge.exporters.targets import resolve_targets
+from quarl_edge.field.calibration import calibration_trace
 from quarl_edge.outputs import BUNDLE, claim
+from quarl_edge.parity import parity_line, source_parity
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
@@ -34,9 +36,9 @@ from quarl_edge.runtimes.fsutil import (
     temp_dir_prefix,
 )
 from quarl_edge.runtimes.inputs import calibration_range
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
-from quarl_edge.runtimes.trace import Trace, load_trace, save_trace
+from quarl_edge.runtimes.trace import Trace, save_trace
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -60,6 +62,9 @@ class BundleRequest:
     targets: tuple[str, ...] = ("onnx-fp32", "onnx-fp16", "onnx-int8")
     """exporters/targets.py names; `export --to`'s default"""
     calibration: Path | None = None
+    """recorded rollouts (.npz) or a field log folder (load_policy(..., log_dir=...): what a robot saw)"""
+    more_calibration: tuple[Path, ...] = ()
+    """more of either, merged after ``calibration`` into one calibration set (quarl_edge.field.calibration)"""
     config: ExportConfig = ExportConfig()
     record_episodes: int = 10
     """episodes recorded on the fly when no calibration file is given"""
@@ -74,14 +79,21 @@ class BundleRequest:
     """an ed25519 private key: the bundle gets a manifest.sig (runtimes/signing.py) before it appears"""
 
     def inputs(self) -> list[tuple[str, Path | None]]:
-        return [("calibration file", self.calibration), *self.reads]
+        sources = [("field log" if p.is_dir() else "calibration file", p) for p in self.calibration_sources()]
+        return [*sources, *self.reads]
+
+    def calibration_sources(self) -> list[Path]:
+        return [] if self.calibration is None else [self.calibration, *self.more_calibration]
 
 
 def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None]) -> Trace:
-    if req.calibration is not None:
-        trace = load_trace(req.calibration)
-        check_trace_fits(trace, policy, req.calibration)
+    sources = req.calibration_sources()
+    if sources:  # recorded rollouts, observations a robot logged (no env here), field log folders
+        trace = calibration_trace(sources)  # a single .npz is read as it always was: load_observations
+        check_trace_fits(trace, policy, ", ".join(map(str, sources)))
         return trace
+    if req.more_calibration:
+        raise InputError("more calibration data was given without the first", "pass it as calibration")
     log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")
     return record(policy, RecordConfig(episodes=req.record_episodes, epsilon=0.1, seed=0, max_samples=5000))
 
@@ -119,9 +131,14 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
     claim(req.out, BUNDLE, req.inputs())
     clean_temp_dirs(WORK_PREFIX)  # what SIGKILLed exports left in /tmp
     calib = _calibration(policy, req, log)
-    calib_obs = calib.subsample(req.config.max_calibration_samples, seed=1).obs
+    idx = calib.subsample_index(req.config.max_calibration_samples, seed=1)
+    calib_obs = calib.obs[idx]
+    # a recurrent policy's state at every calibration step: the torch policy run over the recorded episodes
+    calib_state = tuple(s[idx] for s in policy.run_sequence(calib.obs, calib.action_masks, calib.episode_starts())[1]) \
+        if policy.arch.recurrent else ()  # fmt: skip
     if calib_obs.dtype.kind == "f":  # NaN/inf rows would poison the calibrated ranges
-        calib_obs = calib_obs[np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)]
+        finite = np.all(np.isfinite(calib_obs.reshape(len(calib_obs), -1)), axis=1)
+        calib_obs, calib_state = calib_obs[finite], tuple(s[finite] for s in calib_state)
     if len(calib_obs) == 0 and any(t in NEEDS_CALIBRATION for t in targets):
         raise InputError(
             "the calibration data has no finite observations", "record it again with `quarl-edge record`"
@@ -141,6 +158,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                 calibration=calib_obs[: job.config.max_calibration_samples]
                 if job.target in NEEDS_CALIBRATION
                 else None,
+                calibration_state=tuple(s[: job.config.max_calibration_samples] for s in calib_state),
                 config=job.config,
                 workdir=Path(work),
                 **qat_fields,  # type: ignore[arg-type]
@@ -160,13 +178,27 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                     quantization=out.quantization,
                     io=out.io,
                     toolchain=out.toolchain,
+                    files=tuple(
+                        ModelFile(
+                            f.path.name,
+                            f.role,
+                            sha256_file(f.path),
+                            f.path.stat().st_size,
+                            f.machine,
+                            f.built_by,
+                        )
+                        for f in out.files
+                    ),
                 )
             )
-        trace = calib.subsample(TRACE_SAMPLES, seed=2)
+        # a recurrent policy replays whole episodes in order; others any spread of steps
+        trace = calib.head(TRACE_SAMPLES) if policy.spec.state else calib.subsample(TRACE_SAMPLES, seed=2)
         save_trace(trace, tmp / "trace.npz")
         calibration = {
             "file": str(req.calibration) if req.calibration else None,
             "recorded_on_the_fly": req.calibration is None,
+            **({"sources": calib.meta["merged"]} if "merged" in calib.meta else {}),
+            **({"source": calib.meta["source"]} if "source" in calib.meta else {}),
             "sha256": calib.sha256,
             "samples": calib.samples,
             "samples_used": int(len(calib_obs)),
@@ -187,6 +219,12 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             tune=req.tune,
         )
         atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
+        fp32 = [e.name for e in entries if e.precision == "fp32"]
+        if fp32:  # measured on the written models, as a bench will load them
+            parity = source_parity(policy, tmp, manifest, trace, fp32)
+            log(parity_line(parity.to_dict()))
+            manifest = replace(manifest, source_parity=parity.to_dict())
+            atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         if key is not None:  # over the bytes just written, inside the folder that is renamed into place
             atomic_write_bytes(
                 tmp / SIGNATURE_NAME, signature_document((tmp / MANIFEST_NAME).read_bytes(), key)

@@ -27,7 +27,7 @@ from quarl_edge.devices.ssh import sh
 from quarl_edge.runtimes.bundlepath import safe_name
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
-from quarl_edge.runtimes.policy import choose_model
+from quarl_edge.runtimes.selection import choose_model
 
 DEPLOYED = ".local/share/quarl-edge/bundles"
 """the stable names, under the board's home"""
@@ -36,8 +36,7 @@ CHECK = """import json, sys
 import numpy as np
 from quarl_edge.runtimes import load_policy
 p = load_policy(sys.argv[1], model=sys.argv[2])
-space = p.info.observation_shape
-a = p.act(np.zeros(space, dtype=np.dtype(p.spec.observation_space.dtype)))
+a = p.act(p.zero_observation())
 print(json.dumps({"model": p.info.model, "runtime": p.info.runtime, "action": np.asarray(a).tolist(),
                   "manifest_sha256": p.info.manifest_sha256, "sha256": p.info.sha256,
                   "torch_imported": "torch" in sys.modules, "python": sys.executable}))
@@ -56,6 +55,8 @@ class Deployed:
     """the sha256 of the manifest deployed"""
     was: str | None
     """the sha256 of the manifest the name pointed at before (None: a new name)"""
+    warnings: tuple[str, ...] = ()
+    """said before the upload too (through ``log``), e.g. a bundle tuned on another device"""
 
     def change(self) -> str:
         if self.was is None:
@@ -73,10 +74,6 @@ class Deployed:
                 "docs: docs/runtime.md (load_policy, reset, act, info; examples/control_loop.py)"]  # fmt: skip
 
 
-def _absolute(home: str, path: str) -> str:
-    return path if path.startswith("/") else f"{home}/{path.removeprefix('./')}"
-
-
 def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[str, Any] | None = None,
            log: Any = lambda _m: None, name: str | None = None) -> Deployed:  # fmt: skip
     from quarl_edge.devices.remote import SSHTransport
@@ -84,9 +81,13 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
     profile = load_profile(device, overrides)
     if profile.transport != "ssh":
         raise InputError(f"device {device!r} is this machine: deploy puts the runtime on a board over SSH",
-                         "pass --device NAME of a board (quarl-edge devices list); here: pip install quarl-edge")  # fmt: skip
+                         "pass device=NAME of a board (quarl-edge devices list); here: pip install quarl-edge",
+                         cli_fix="pass --device NAME of a board (quarl-edge devices list); here: pip install quarl-edge")  # fmt: skip
     manifest = load_manifest(bundle)  # every path and hash, before anything goes to the board
     entry, _ = choose_model(manifest, model, bundle)
+    warned = tuple(w for w in (tuned_elsewhere(manifest.tune, profile.name),) if w)
+    for w in warned:
+        log(f"warning: {w}")
     name = safe_name(name or manifest.policy.name or Path(bundle).name, "bundle name", NAME_FIX, 64)
     wheel = build_runtime_wheel()
     with SSHTransport(profile) as t:
@@ -105,13 +106,13 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
         log(f"installing {wheel.name} into {t.python}'s venv (pip, offline)")
         _run(t, sh(t.python, "-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall", "--quiet",
                    remote_wheel), "install the runtime wheel")  # fmt: skip
-        named = t.board_command(sh(t.python, t.runner_path, "name", "--bundle", _absolute(home, cached.remote),
+        named = t.board_command(sh(t.python, t.runner_path, "name", "--bundle", cached.remote,
                                    "--root", f"{home}/{DEPLOYED}", "--name", name, *cached.key_args()),
                                 "verify and name the bundle")  # fmt: skip
         # -I: the venv's packages only, never a quarl_edge folder in the login directory
         out = _run(t, sh(t.python, "-I", "-c", CHECK, link, entry.name), "load and act with the runtime API")
         check = _answer(out, profile.name)
-    python = _absolute(home, t.python) if "/" in t.python else t.python
+    python = t.python  # absolute (the profile's ~ is the board's $HOME), or a bare name on its PATH
     if check.get("torch_imported"):
         raise QuarlError(
             f"the runtime on {profile.name} imported torch", "report a bug: runtimes/ must not import torch"
@@ -120,9 +121,8 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
         raise QuarlError(f"load_policy on {profile.name} did not load the bundle just deployed",
                          f"run the deploy again; if it persists, check {link} on the board")  # fmt: skip
     was = named.get("was")
-    return Deployed(
-        profile.name, entry.name, link, python, check, cached.sha256, was if isinstance(was, str) else None
-    )
+    return Deployed(profile.name, entry.name, link, python, check, cached.sha256,
+                    was if isinstance(was, str) else None, warned)  # fmt: skip
 
 
 def _refuse_a_real_folder(t: Any, link: str) -> None:
@@ -153,3 +153,13 @@ def _run(t: Any, cmd: str, what: str) -> str:
         raise QuarlError(f"deploy to {t.profile.name} could not {what}: {tail[:300]}",
                          f"check the device with `quarl-edge devices check {t.profile.name}`, or set it up: quarl-edge devices setup {t.profile.name}")  # fmt: skip
     return str(r.stdout)
+
+
+def tuned_elsewhere(tune: dict[str, Any] | None, device: str) -> str | None:
+    """One line when a bundle `quarl-edge tune` made on one device goes to another (it still goes)."""
+    tuned_on = (tune or {}).get("device")
+    if not isinstance(tuned_on, str) or tuned_on == device:
+        return None
+    on = tuned_on[:64]
+    return (f"this bundle was tuned on {on} and is deployed to {device}: its model choice and thread count "
+            f"were measured on {on}; to choose for {device}: quarl-edge tune --policy POLICY --device {device} --out DIR")  # fmt: skip

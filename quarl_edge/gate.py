@@ -10,6 +10,10 @@ in its range.
 One device is a fleet of one: a fleet report (`bench --device a,b`) is gated device by device, and the
 table, the JUnit file (a testsuite per device) and the Markdown name the device of every check; one
 device's report reads as before, without a device column.
+
+A field report (`quarl-edge field report`: the deployed model vs fp32 on the robot's own observations) is
+gated on its action error and out-of-calibration-range rate (quarl_edge.field.gate); the same table, JUnit
+and Markdown.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.result import BenchReport, ModelResult
 from quarl_edge.common.limits import (
     MAX_REWARD_DROP_PCT,
+    check_max_action_error,
     check_max_miss_rate,
+    check_max_out_of_range,
     check_max_p99_ms,
     check_max_reward_drop,
     check_min_agreement,
 )
 from quarl_edge.common.markdown import markdown_table
+from quarl_edge.field.report import FieldReport
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
@@ -62,12 +69,21 @@ class GateConfig:
     """largest allowed p99 single-inference latency, milliseconds"""
     max_miss_rate_pct: float | None = None
     """largest allowed share of closed-loop steps whose act() exceeded the `bench --hz` budget, in %"""
+    max_action_error: float | None = None
+    """largest allowed action error vs fp32: on a bench report, on the recorded observations, max |Δa| in
+    action units for continuous actions, the share of differing actions for discrete ones (reports whose
+    reward was not measured, because the environment cannot run here, are gated by this); on a field
+    report, on the robot's own observations (continuous: p99 of |deployed - fp32| in action units)"""
+    max_out_of_range_pct: float | None = None
+    """a field report's largest allowed share of observations outside the calibration range, in %"""
 
     def __post_init__(self) -> None:
         # one check per limit, shared with tune (common/limits.py): inf or nan would turn a check off
         # while it reports "pass"
         for value, check in ((self.max_reward_drop_pct, check_max_reward_drop), (self.min_agreement, check_min_agreement),
-                             (self.max_p99_ms, check_max_p99_ms), (self.max_miss_rate_pct, check_max_miss_rate)):  # fmt: skip
+                             (self.max_p99_ms, check_max_p99_ms), (self.max_miss_rate_pct, check_max_miss_rate),
+                             (self.max_action_error, check_max_action_error),
+                             (self.max_out_of_range_pct, check_max_out_of_range)):  # fmt: skip
             if value is not None:
                 check(value)
 
@@ -82,6 +98,8 @@ class Check:
     message: str
     device: str = ""
     """the device of a fleet report ("" for one device: its messages do not name it)"""
+    unit: str = ""
+    """of value and limit: "%" (a share in percent), "ms", or "" (a fraction of one, or action units)"""
 
 
 def check_gateable(report: FleetReport) -> None:
@@ -113,17 +131,29 @@ def evaluate(report: FleetReport, cfg: GateConfig) -> list[Check]:
             label = f"{dev}: {m.name}" if fleet else m.name
             checks += [
                 replace(c, device=dev if fleet else "")
-                for c in _model_checks(m, label, m.name == section.reference, cfg)
+                for c in _model_checks(
+                    m, label, m.name == section.reference, cfg, section.reward_not_measured
+                )
             ]
     return checks
 
 
-def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> list[Check]:
-    """``label`` names the model in messages (with its device in a fleet)."""
+def _model_checks(
+    m: ModelResult, label: str, is_ref: bool, cfg: GateConfig, unmeasured: str | None = None
+) -> list[Check]:
+    """``label`` names the model in messages (with its device in a fleet); ``unmeasured``: why the report
+    ran no episodes (its environment cannot run here): the action error then stands in for the reward."""
     checks: list[Check] = []
-    if cfg.max_reward_drop_pct is not None and not is_ref:
+    if (
+        cfg.max_reward_drop_pct is not None
+        and not is_ref
+        and not (unmeasured and cfg.max_action_error is not None)
+    ):
         limit = cfg.max_reward_drop_pct
-        if m.drift is None:
+        if m.drift is None and unmeasured:
+            checks.append(Check(m.name, "reward_drop", False, None, limit,
+                                f"{label}: reward not measured ({unmeasured}); gate it with --max-action-error"))  # fmt: skip
+        elif m.drift is None:
             checks.append(
                 Check(
                     m.name,
@@ -132,6 +162,7 @@ def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> 
                     None,
                     limit,
                     f"{label}: no paired episodes to measure reward drop",
+                    unit="%",
                 )
             )
         else:
@@ -139,7 +170,7 @@ def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> 
             ok = drop <= limit
             checks.append(Check(m.name, "reward_drop", ok, drop, limit,
                                 f"{label}: reward drop {drop + 0.0:+.2f}% {'<=' if ok else '>'} {limit:g}%"
-                                + ("" if ok else f" (over by {drop - limit:.2f} points)")))  # fmt: skip
+                                + ("" if ok else f" (over by {drop - limit:.2f} points)"), unit="%"))  # fmt: skip
     if cfg.min_agreement is not None and not is_ref:
         limit = cfg.min_agreement
         if m.agreement is None:
@@ -154,23 +185,48 @@ def _model_checks(m: ModelResult, label: str, is_ref: bool, cfg: GateConfig) -> 
             checks.append(Check(m.name, "agreement", ok, agree, limit,
                                 f"{label}: agreement {agree:.4f} {'>=' if ok else '<'} {limit:g}"
                                 + ("" if ok else f" (short by {limit - agree:.4f})")))  # fmt: skip
+    if cfg.max_action_error is not None and not is_ref:
+        checks.append(_action_error_check(m, label, cfg.max_action_error, unmeasured))
     if cfg.max_p99_ms is not None:
         limit = cfg.max_p99_ms
         if m.latency is None:
-            checks.append(Check(m.name, "p99_latency", False, None, limit, f"{label}: no latency measured"))
+            checks.append(
+                Check(m.name, "p99_latency", False, None, limit, f"{label}: no latency measured", unit="ms")
+            )
         else:
             ms = m.latency.p99_us / 1000
             ok = ms <= limit
             checks.append(Check(m.name, "p99_latency", ok, ms, limit,
-                                f"{label}: p99 {ms:.3f} ms {'<=' if ok else '>'} {limit:g} ms"))  # fmt: skip
+                                f"{label}: p99 {ms:.3f} ms {'<=' if ok else '>'} {limit:g} ms", unit="ms"))  # fmt: skip
     if cfg.max_miss_rate_pct is not None and m.in_loop is not None:
         loop, limit = m.in_loop, cfg.max_miss_rate_pct
         rate = 100.0 * loop.miss_rate
         ok = rate <= limit
         checks.append(Check(m.name, "deadline_miss_rate", ok, rate, limit,
                             f"{label}: {loop.over_budget} of {loop.steps} steps over the {loop.budget_us:.1f} us "
-                            f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)"))  # fmt: skip
+                            f"budget ({rate:.2f}% {'<=' if ok else '>'} {limit:g}%)", unit="%"))  # fmt: skip
     return checks
+
+
+def _action_error_check(m: ModelResult, label: str, limit: float, unmeasured: str | None) -> Check:
+    a = m.agreement
+    if a is None:
+        return Check(
+            m.name,
+            "action_error",
+            False,
+            None,
+            limit,
+            f"{label}: no trace replay to measure the action error",
+        )
+    if a.max_abs_diff is not None:
+        err, what = a.max_abs_diff, "max |Δa|"
+    else:  # discrete, or no finite bound: the share of steps whose action differs
+        err, what = 1.0 - a.value, "differing actions"
+    ok = err <= limit
+    why = " (reward not measured: the environment cannot run here)" if unmeasured else ""
+    return Check(m.name, "action_error", ok, err, limit,
+                 f"{label}: action error {what} {err:.4g} {'<=' if ok else '>'} {limit:g}{why}")  # fmt: skip
 
 
 def check_in_loop(report: BenchReport) -> None:
@@ -187,42 +243,65 @@ def passed(checks: list[Check]) -> bool:
     return all(c.passed for c in checks)
 
 
-def check_rows(report: FleetReport, checks: list[Check]) -> list[list[str]]:
-    """The gate's table: (device,) model, check, value, limit, result; the device column for a fleet only."""
-    return [[*([c.device] if len(report.devices) > 1 else []), c.model, c.name,
-             "-" if c.value is None else f"{c.value:.4g}", f"{c.limit:g}", "pass" if c.passed else "FAIL"]
+Gated = FleetReport | FieldReport
+"""what the gate reads: a bench report (a fleet of one or more devices) or a field report"""
+
+
+def _devices(report: Gated) -> tuple[str, ...]:
+    return tuple(report.devices) if isinstance(report, FleetReport) else ("field",)
+
+
+def _policy(report: Gated) -> str:
+    return report.bundle.policy if isinstance(report, FleetReport) else f"{report.policy} in the field"
+
+
+def check_rows(report: Gated, checks: list[Check]) -> list[list[str]]:
+    """The gate's table: (device,) model, check, value, limit, result, each number with its unit (shares in
+    %, latency in us as bench shows it); the device column for a fleet only."""
+    return [[*([c.device] if len(_devices(report)) > 1 else []), c.model, c.name,
+             "-" if c.value is None else shown(c.value, c.unit), shown(c.limit, c.unit, limit=True),
+             "pass" if c.passed else "FAIL"]
             for c in checks]  # fmt: skip
 
 
-def check_columns(report: FleetReport) -> list[str]:
-    return [*(["device"] if len(report.devices) > 1 else []), "model", "check", "value", "limit", "result"]
+def shown(value: float, unit: str, limit: bool = False) -> str:
+    """A check's number as the table prints it: ``-1.448e-06 %``, ``812.3 us`` (from ms), ``0.9925``."""
+    if unit == "ms":  # bench reports latency in us: the same unit here
+        us = 1000 * value
+        return f"{us:g} us" if limit else f"{us:.1f} us"
+    text = f"{value:g}" if limit else f"{value:.4g}"
+    return f"{text} %" if unit == "%" else text
 
 
-def verdict_json(report: FleetReport, checks: list[Check]) -> dict[str, object]:
+def check_columns(report: Gated) -> list[str]:
+    return [*(["device"] if len(_devices(report)) > 1 else []), "model", "check", "value", "limit", "result"]
+
+
+def verdict_json(report: Gated, checks: list[Check]) -> dict[str, object]:
     """`gate --json`: the verdict, every check, and per device its own."""
+    all_devices = _devices(report)
 
     def as_json(c: Check) -> dict[str, object]:
-        return {k: v for k, v in asdict(c).items() if k != "device" or len(report.devices) > 1}
+        return {k: v for k, v in asdict(c).items() if k != "device" or len(all_devices) > 1}
 
     devices = {
-        dev: [c for c in checks if c.device == (dev if len(report.devices) > 1 else "")]
-        for dev in report.devices
+        dev: [c for c in checks if c.device == (dev if len(all_devices) > 1 else "")] for dev in all_devices
     }
     return {"passed": passed(checks), "checks": [as_json(c) for c in checks],
             "devices": {dev: {"passed": passed(cs), "checks": [as_json(c) for c in cs]} for dev, cs in devices.items()}}  # fmt: skip
 
 
-def junit_xml(report: FleetReport, checks: list[Check]) -> str:
+def junit_xml(report: Gated, checks: list[Check]) -> str:
     """One testsuite per device (named for its policy, and its device in a fleet), one testcase per checked
     model and check (classname: the model, name: the check), in the JUnit XSD's shape (testsuites >
     testsuite[@tests] > testcase[@name] > failure[@message, @type]). Names and messages are cleaned of
     control characters, which XML 1.0 cannot hold even escaped."""
-    fleet = len(report.devices) > 1
+    fleet = len(_devices(report)) > 1
     root = ET.Element("testsuites", {"tests": str(len(checks)), "failures": str(sum(not c.passed for c in checks)),
                                      "errors": "0"})  # fmt: skip
-    for dev in report.devices:
+    for dev in _devices(report):
         mine = [c for c in checks if c.device == (dev if fleet else "")]
-        name = f"{SUITE} {report.bundle.policy}" + (f" on {dev}" if fleet else "")
+        name = f"{SUITE} {_policy(report)}" + (f" on {dev}" if fleet else "")
         suite = ET.SubElement(root, "testsuite", {"name": clean(name), "tests": str(len(mine)),
                                                   "failures": str(sum(not c.passed for c in mine)), "errors": "0"})  # fmt: skip
         for c in mine:
@@ -235,12 +314,13 @@ def junit_xml(report: FleetReport, checks: list[Check]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
+def markdown_summary(report: Gated, checks: list[Check]) -> str:
     """The verdict and the table of checks (with a device column for a fleet)."""
-    on = f" on {', '.join(md_cell(d) for d in report.devices)}" if len(report.devices) > 1 else ""
+    devices = _devices(report)
+    on = f" on {', '.join(md_cell(d) for d in devices)}" if len(devices) > 1 else ""
     cols = check_columns(report)
     lines = [
-        f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(report.bundle.policy)}{on})",
+        f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(_policy(report))}{on})",
         "",
     ]
     rows = [[*row[:-1], "pass" if row[-1] == "pass" else "**FAIL**"] for row in check_rows(report, checks)]
@@ -249,7 +329,7 @@ def markdown_summary(report: FleetReport, checks: list[Check]) -> str:
 
 
 def write_outputs(
-    report: FleetReport,
+    report: Gated,
     checks: list[Check],
     junit: Path | None,
     md: Path | None,

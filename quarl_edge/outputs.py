@@ -89,6 +89,8 @@ def _bundle_entries(path: Path) -> set[str]:
         data = json.loads((path / MANIFEST_NAME).read_bytes())
         for m in data.get("models") or []:
             names.add(str(Path(str(m["file"])).parts[0]))
+            for f in m.get("files") or []:  # a C model's header, its prebuilt shared objects
+                names.add(str(Path(str(f["file"])).parts[0]))
         if isinstance(data.get("trace"), dict):
             names.add(str(Path(str(data["trace"]["file"])).parts[0]))
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):

@@ -16,7 +16,7 @@ import numpy as np
 from quarl_edge import __version__
 from quarl_edge.outputs import TRACE, claim
 from quarl_edge.policy.net import Policy
-from quarl_edge.runtimes.envs import bounds, make_env
+from quarl_edge.runtimes.envs import action_masks, bounds, make_env, random_action
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.runner import EpisodeResult, run_episodes
 from quarl_edge.runtimes.trace import Trace, check_fits, make_trace, save_trace
@@ -48,17 +48,23 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     spec = policy.spec
     rng = np.random.default_rng(cfg.seed)
     env = make_env(spec.env)
-    obs_l, act_l, rew_l, done_l, ep_l = [], [], [], [], []
+    obs_l, act_l, rew_l, done_l, ep_l, mask_l = [], [], [], [], [], []
     discrete = spec.action_space.is_discrete
-    if not discrete:
+    integer = spec.action_space.is_integer
+    if not integer:
         low, high = bounds(spec.action_space)
         low, high = low.astype(np.float32), high.astype(np.float32)
+    masks: list[np.ndarray | None] = [None]
 
     def act(obs: np.ndarray) -> Any:
-        action = policy.act(obs)
-        if discrete:
+        masks[0] = mask = action_masks(env)  # MaskablePPO's envs: the allowed actions, an input at every step
+        action = policy.act(obs, mask) if mask is not None else policy.act(obs)
+        if discrete and mask is None:
             if rng.random() < cfg.epsilon:
                 action = int(rng.integers(spec.action_space.n or 1))
+        elif integer:
+            if rng.random() < cfg.epsilon:
+                action = random_action(env.action_space, mask)
         elif cfg.epsilon > 0:
             action = np.clip(action + rng.normal(0, cfg.epsilon, action.shape) * (high - low), low, high)
             action = action.astype(np.float32)
@@ -67,6 +73,8 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     def step(obs: np.ndarray, action: Any, reward: float, end: bool) -> bool:
         obs_l.append(obs)
         act_l.append(action)
+        if masks[0] is not None:
+            mask_l.append(masks[0])
         rew_l.append(reward)
         done_l.append(end)
         ep_l.append(len(episodes))
@@ -83,8 +91,9 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
             progress(len(episodes), cfg.episodes)  # type: ignore[operator]
 
     try:
+        # reset: a recurrent policy's state starts each episode at zeros
         run_episodes(env, act, range(cfg.seed, cfg.seed + cfg.episodes), max_steps=cfg.max_steps,
-                     on_step=step, on_episode=finished, catch=False)  # fmt: skip
+                     reset=policy.reset, on_step=step, on_episode=finished, catch=False)  # fmt: skip
     finally:
         env.close()
     seeds = [e.seed for e in episodes]
@@ -101,7 +110,8 @@ def record(policy: Policy, cfg: RecordConfig, progress: object | None = None) ->
     }
     return make_trace(
         obs=np.stack(obs_l).astype(spec.observation_space.dtype),
-        actions=np.asarray(act_l, dtype=np.int64 if discrete else np.float32),
+        actions=np.asarray(act_l, dtype=np.int64 if integer else np.float32),
+        action_masks=np.stack(mask_l) if mask_l and len(mask_l) == len(obs_l) else None,
         rewards=np.asarray(rew_l),
         dones=np.asarray(done_l),
         episode_ids=np.asarray(ep_l),

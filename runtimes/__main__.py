@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"event": "result", "result": finite_json(result.to_dict())})
         return 0
     except QuarlError as e:
-        _emit({"event": "error", "kind": type(e).__name__, "message": str(e)})
+        _emit({"event": "error", "kind": type(e).__name__, "message": e.cli_text()})
         return e.exit_code
 
 

@@ -25,6 +25,11 @@ class ModelSession(Protocol):
         """Actions for a batch of observations (leading batch dimension)."""
         ...
 
+    def run_io(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Every output for every input, both in graph order (observation first, then an action mask,
+        recurrent state...; action first, then the state after the step), one batch."""
+        ...
+
 
 AdapterFactory = Callable[[Path, int, Any], ModelSession]
 """(model file, threads, the runtime's session options or None) -> session"""
@@ -52,7 +57,8 @@ def open_model(path: str | Path, fmt: str, threads: int = 1, options: Any = None
         )
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
         raise InputError(f"threads must be an integer from 1 to {MAX_THREADS} (got {str(threads)[:24]})",
-                         "pass --threads 1 or more, up to the device's cores")  # fmt: skip
+                         "pass threads=1 or more, up to the device's cores",
+                         cli_fix="pass --threads 1 or more, up to the device's cores")  # fmt: skip
     return factory(Path(path), threads, options)
 
 
@@ -68,12 +74,12 @@ def check_input(session: ModelSession, obs_space: SpaceSpec, path: Path) -> None
 
 
 def _load_builtin_adapters() -> None:
-    # Each adapter module imports its runtime only when a model is opened, so both register on a
+    # Each adapter module imports its runtime only when a model is opened, so all register on a
     # device that has one runtime; opening a model of the other format then names the install command.
     # An adapter module that fails to import at all (a broken install) must not take the other down.
     import contextlib
     import importlib
 
-    for name in ("onnx", "litert"):
+    for name in ("onnx", "litert", "c"):
         with contextlib.suppress(ImportError):
             importlib.import_module(f"{__package__}.{name}")

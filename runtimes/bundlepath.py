@@ -3,8 +3,8 @@
 A bundle is a folder of plain files, read on the host and copied to boards, where every relative path
 of its manifest becomes a path in the board's cache. So each path the manifest names is a plain
 relative path: segments of one safe alphabet (the names our exporters write: ``policy.int8.onnx``,
-``policy.onnx-int8-minmax-float[out].onnx``, ``trace.npz``), none empty, ``.`` or ``..``, none starting
-with ``.`` or ``-``, no backslash, no control or non-ASCII character (a fullwidth or one-dot-leader
+``policy.onnx-int8-minmax-float-out.onnx``, ``trace.npz``; letters, digits, ``. _ -``: nothing a shell
+globs, splits or expands), none empty, ``.`` or ``..``, none starting with ``.`` or ``-``, no backslash, no control or non-ASCII character (a fullwidth or one-dot-leader
 "..", U+FF0E U+FF0E or U+2025, is refused with the rest), bounded in length and depth. Names that become
 paths or command words on a board (model names, the name ``deploy`` gives a bundle) use the same
 alphabet.
@@ -27,8 +27,12 @@ from pathlib import Path
 
 from .errors import InputError, IntegrityError
 
-SAFE_SEGMENT = re.compile(r"[A-Za-z0-9_,+\[\]][A-Za-z0-9._,+\[\]-]*")
-SAFE_CHARS = "A-Z a-z 0-9 . _ - , + [ ]"
+SAFE_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+SAFE_CHARS = "A-Z a-z 0-9 . _ -"
+# quarl-edge 0.1's tune named models `...-float[mlp.0,out]` (brackets glob in a shell): such a bundle is
+# refused with the command that makes it again, never read under a looser rule
+_OLD_SEGMENT = re.compile(r"[A-Za-z0-9_,+\[\]][A-Za-z0-9._,+\[\]-]*")
+_OLD_FIX = "an older quarl-edge named tune's models so; export the bundle again (quarl-edge export), or run quarl-edge tune again"
 MAX_NAME = 128
 """characters of a model name or of one path segment"""
 MAX_PATH = 255
@@ -45,6 +49,8 @@ def _shown(v: object) -> str:
 def safe_name(v: object, what: str, fix: str, max_len: int = MAX_NAME) -> str:
     """``v`` when it is a name of the safe alphabet, not starting with ``.`` or ``-``; else InputError."""
     if not isinstance(v, str) or not 0 < len(v) <= max_len or not SAFE_SEGMENT.fullmatch(v):
+        if isinstance(v, str) and len(v) <= max_len and _OLD_SEGMENT.fullmatch(v):
+            raise InputError(f"{what} {_shown(v)} has [ ] , or + (not safe in a shell)", _OLD_FIX)
         raise InputError(
             f"{what} {_shown(v)} is not a safe name ({SAFE_CHARS}; not starting with . or -; "
             f"at most {max_len} characters)",
@@ -62,6 +68,8 @@ def rel_path(v: object, what: str, fix: str) -> str:
         raise InputError(f"{what} {_shown(v)} is more than {MAX_DEPTH} folders deep", fix)
     for i, seg in enumerate(parts):
         why = _segment_problem(seg, i)
+        if why and len(seg) <= MAX_NAME and _OLD_SEGMENT.fullmatch(seg):
+            raise InputError(f"{what} {_shown(v)} has [ ] , or + (not safe in a shell)", _OLD_FIX)
         if why:
             raise InputError(f"{what} {_shown(v)} {why}: not a plain path inside the bundle", fix)
     return v

@@ -24,8 +24,9 @@ _EXTRA_FOR_MODULE = {
     "mujoco": "mujoco",
     "dm_control": "dmc",
     "shimmy": "dmc",
+    "gymnasium_robotics": "robotics",
 }
-_EXTRA_FOR_FAMILY = {"atari": "atari", "dmc": "dmc"}
+_EXTRA_FOR_FAMILY = {"atari": "atari", "dmc": "dmc", "robotics": "robotics"}
 # The packages an environment description may ask to import (they register gymnasium ids on import).
 # Anything else in a manifest's env.imports is refused: importing runs a module's code, and a bundle is
 # data. A custom env names its own module in its id instead ("my_pkg.envs:MyEnv-v0"), which the user chose.
@@ -52,14 +53,21 @@ def _time_limit(env: Any, **kw: Any) -> Any:
 
 # ---- Dict observations (DM Control) -> one float32 vector ------------------------------------------
 FLATTEN_DICT = "flatten_dict"
+DICT_OBS = "dict_obs"
+"""the same flattening held by the deployed policy (SB3's MultiInputPolicy, goal-conditioned agents):
+``act`` takes the env's dict, checks each key and flattens it in the manifest's key order"""
 
 
-def flatten_dict_wrapper(space: Any) -> WrapperConfig:
+def flatten_dict_wrapper(space: Any, name: str = FLATTEN_DICT) -> WrapperConfig:
     """The flattening of a Dict observation space, as data: its keys in sorted (alphabetical) order, as
-    gymnasium's Dict space holds them, with each entry's number of elements. DM Control returns the keys
-    in its own order (walker: orientations, height, velocity); the vector is always in this one."""
+    gymnasium's Dict space holds them (and SB3's CombinedExtractor concatenates them), with each entry's
+    number of elements and shape. DM Control returns the keys in its own order (walker: orientations,
+    height, velocity); the vector is always in this one."""
     keys = sorted(space.spaces)
-    return WrapperConfig(FLATTEN_DICT, {"keys": keys, "sizes": [int(np.prod(space[k].shape)) for k in keys]})
+    kwargs: dict[str, Any] = {"keys": keys, "sizes": [int(np.prod(space[k].shape)) for k in keys]}
+    if name == DICT_OBS:
+        kwargs["shapes"] = [[int(d) for d in space[k].shape] for k in keys]
+    return WrapperConfig(name, kwargs)
 
 
 def flatten_observation(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
@@ -68,7 +76,7 @@ def flatten_observation(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarr
     return np.concatenate([np.asarray(obs[k], dtype=np.float64).reshape(-1) for k in keys]).astype(np.float32)
 
 
-def _flatten_dict(env: Any, keys: Any = None, sizes: Any = None) -> Any:
+def _flatten_dict(env: Any, keys: Any = None, sizes: Any = None, shapes: Any = None) -> Any:
     from gymnasium import spaces
     from gymnasium.wrappers import TransformObservation
 
@@ -103,6 +111,7 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
     "frame_stack": _frame_stack,
     "time_limit": _time_limit,
     FLATTEN_DICT: _flatten_dict,
+    DICT_OBS: _flatten_dict,
 }
 
 
@@ -138,13 +147,13 @@ def import_env_modules(config: EnvConfig) -> None:
                 f"environment {config.id!r} needs the module {name!r} ({e})",
                 install_hint(name, config.family),
             ) from None
-        if name == "ale_py":
+        if name in ("ale_py", "gymnasium_robotics"):
             gym.register_envs(mod)
 
 
 # Wrappers whose only effect is on the observation, keeping per-episode state: the deployed policy holds
 # them (runtimes.policy), so a control loop feeds it the env's own observation and `reset()` clears them.
-POLICY_SIDE = ("frame_stack",)
+POLICY_SIDE = ("frame_stack", DICT_OBS)
 # Wrappers that pass observations through unchanged: a policy-side wrapper may sit before them.
 _OBS_TRANSPARENT = ("time_limit",)
 
@@ -174,6 +183,12 @@ def make_env(config: EnvConfig, render_mode: str | None = None, *, policy_side: 
 
     if not policy_side:
         config = split_wrappers(config)[0]
+    if config.family == "external":  # Isaac Sim, a robot: nothing here can step it
+        raise InputError(
+            f"the policy's environment {config.id!r} cannot run here",
+            "use recorded observations instead: export --calibration OBS.npz; bench then measures latency and "
+            "action error, and reports reward as not measured",
+        )
 
     import_env_modules(config)
     kwargs = dict(config.make_kwargs)
@@ -223,7 +238,7 @@ def _bound(values: np.ndarray) -> Any:
 
 
 def space_spec(space: Any) -> SpaceSpec:
-    """Describe a gymnasium space as data (Box and Discrete only)."""
+    """Describe a gymnasium space as data (Box, Discrete, MultiDiscrete, MultiBinary)."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
@@ -232,6 +247,15 @@ def space_spec(space: Any) -> SpaceSpec:
                 "Discrete spaces with a non-zero start are not supported", "wrap the env to start at 0"
             )
         return SpaceSpec(kind="discrete", shape=(), dtype="int64", n=int(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        if np.any(np.asarray(space.start) != 0):
+            raise InputError(
+                "MultiDiscrete spaces with a non-zero start are not supported", "wrap the env to start at 0"
+            )
+        nvec = tuple(int(v) for v in np.asarray(space.nvec).reshape(-1))
+        return SpaceSpec(kind="multi_discrete", shape=tuple(space.shape), dtype="int64", nvec=nvec)
+    if isinstance(space, spaces.MultiBinary):
+        return SpaceSpec(kind="multi_binary", shape=tuple(int(s) for s in space.shape), dtype="int8")
     if isinstance(space, spaces.Box):
         return SpaceSpec(
             kind="box",
@@ -242,7 +266,8 @@ def space_spec(space: Any) -> SpaceSpec:
         )
     raise InputError(
         f"unsupported space {type(space).__name__}",
-        "quarl-edge handles Box and Discrete observation/action spaces; flatten dict/tuple spaces with a wrapper",
+        "quarl-edge handles Box, Discrete, MultiDiscrete and MultiBinary spaces (and Dict observations); "
+        "flatten tuple spaces with a wrapper",
     )
 
 
@@ -254,3 +279,28 @@ def bounds(space: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
         return np.broadcast_to(a, space.shape).copy() if a.ndim == 0 else a.reshape(space.shape)
 
     return full(space.low), full(space.high)
+
+
+def action_masks(env: Any) -> np.ndarray | None:
+    """The env's allowed actions now (sb3-contrib's ``action_masks()`` convention: one bool per action,
+    the components' masks concatenated for MultiDiscrete), as float32 1/0; None when the env has none."""
+    try:
+        fn = env.get_wrapper_attr("action_masks")
+    except AttributeError:
+        return None
+    return np.asarray(fn(), dtype=np.float32).reshape(-1)
+
+
+def random_action(space: Any, mask: np.ndarray | None) -> Any:
+    """An exploration action of an integer action space, among the allowed ones when masked."""
+    from gymnasium import spaces
+
+    if mask is None:
+        return space.sample()
+    if isinstance(space, spaces.Discrete):
+        return int(space.sample(mask=mask.astype(np.int8)))
+    if isinstance(space, spaces.MultiDiscrete):
+        cuts = np.cumsum(np.asarray(space.nvec).reshape(-1))[:-1]
+        parts = tuple(m.astype(np.int8) for m in np.split(mask, cuts))
+        return space.sample(mask=parts)
+    return space.sample()

@@ -193,8 +193,20 @@ def device_info() -> JSONObject:
         "ort_providers": providers,
         "emulation": emulation(machine, _cut(_read("/proc/sys/kernel/arch"))),
         "modules": _env_modules(),
+        "c_compiler": _c_compiler(),
         "disk_free_bytes": _disk_free(),
     }
+
+
+def _c_compiler() -> str | None:
+    """The C compiler the ``c`` runtime would build with here (``gcc-12.2.0``, ``zig-0.17.1``), or None."""
+    try:
+        from .ccompiler import find_compiler
+
+        found = find_compiler()
+    except Exception:  # a compiler that cannot even say its version is none to build with
+        return None
+    return None if found is None else _cut(found.name)
 
 
 def _env_modules() -> dict[str, bool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -107,8 +108,12 @@ class LiteRTSession:
             raise IntegrityError(
                 f"{path.name!r} is not a loadable TFLite model ({first[:200]})", "re-export the bundle"
             ) from None
-        inp = self._interp.get_input_details()[0]
-        out = self._interp.get_output_details()[0]
+        # litert-torch names a signature's tensors args_N / output_N: graph order is that N
+        ins = sorted(self._interp.get_input_details(), key=_position)
+        outs = sorted(self._interp.get_output_details(), key=_position)
+        self._all_in = [(d["index"], np.dtype(d["dtype"]), _quant(d)) for d in ins]
+        self._all_out = [(d["index"], _quant(d)) for d in outs]
+        inp, out = ins[0], outs[0]
         self._in, self._out = inp["index"], out["index"]
         self._in_shape = tuple(int(s) for s in inp["shape"])
         self._in_dtype = np.dtype(inp["dtype"])
@@ -156,6 +161,30 @@ class LiteRTSession:
             self._invoke()
             rows.append(self._read())
         return np.concatenate(rows) if rows else np.empty((0,), dtype=np.float32)
+
+    def run_io(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """One batch row at a time would mix the rows' recurrent state: the models with extra inputs
+        are converted for batch 1, and run so."""
+        if len(inputs) != len(self._all_in):
+            raise InputError(f"the model takes {len(self._all_in)} inputs, {len(inputs)} were given",
+                             "re-export the bundle")  # fmt: skip
+        for (index, dtype, q), x in zip(self._all_in, inputs, strict=True):
+            if q is not None:
+                scale, zp = q
+                info = np.iinfo(dtype)
+                x = np.clip(np.rint(np.asarray(x, np.float32) / scale) + zp, info.min, info.max)
+            self._set(index, np.ascontiguousarray(x, dtype=dtype))
+        self._invoke()
+        out = []
+        for index, q in self._all_out:
+            y = self._get(index)
+            out.append(y if q is None else (y.astype(np.float32) - q[1]) * q[0])
+        return out
+
+
+def _position(d: dict[str, Any]) -> int:
+    m = re.search(r"(?:args|output)_(\d+)", str(d.get("name", "")))
+    return int(m.group(1)) if m else int(d["index"])
 
 
 @register("tflite")

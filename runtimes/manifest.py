@@ -14,6 +14,7 @@ from . import schema
 from .artifact import MAX_JSON_BYTES, parse_artifact
 from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
+from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
 
@@ -21,6 +22,44 @@ MANIFEST_NAME = "manifest.json"
 RESERVED = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
 BUNDLE_FORMAT = "quarl-edge/bundle"
 BUNDLE_VERSION = 1
+
+
+FILE_ROLES = ("header", "shared-object")
+MAX_MODEL_FILES = 16
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A file of a model beside its main one: a C model's header, a shared object prebuilt for a machine."""
+
+    file: str
+    role: str
+    """``header`` or ``shared-object``"""
+    sha256: str
+    size_bytes: int
+    machine: str | None = None
+    """the machine a shared object runs on (``platform.machine()``: aarch64, x86_64, armv7l)"""
+    built_by: str | None = None
+    """the compiler and flags that built a shared object"""
+
+    def to_dict(self) -> JSONObject:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: Any, fix: str) -> ModelFile:
+        d = schema.obj(d, "model file entry", fix)
+        role = schema.text(d["role"], "model file role", fix, 32)
+        if role not in FILE_ROLES:
+            raise InputError(f"model file role {role[:32]!r} is not one of {', '.join(FILE_ROLES)}", fix)
+        machine = d.get("machine")
+        return cls(
+            file=_file(d["file"], "model file", fix),
+            role=role,
+            sha256=schema.text(d["sha256"], "model file sha256", fix, 64),
+            size_bytes=schema.integer(d["size_bytes"], "model file size_bytes", fix, 0, 2**40),
+            machine=None if machine is None else safe_name(machine, "model file machine", fix),
+            built_by=None if d.get("built_by") is None else schema.text(d["built_by"], "built_by", fix, 200),
+        )
 
 
 @dataclass(frozen=True)
@@ -35,8 +74,10 @@ class ModelEntry:
     io: dict[str, Any] = field(default_factory=dict)
     toolchain: dict[str, str] = field(default_factory=dict)
     """converter / quantizer / runtime versions that made and read back the file"""
+    files: tuple[ModelFile, ...] = ()
+    """the model's other files (a C model's header, prebuilt shared objects), each hashed like the model"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "name": self.name,
             "file": self.file,
@@ -47,6 +88,7 @@ class ModelEntry:
             "quantization": self.quantization,
             "io": self.io,
             "toolchain": self.toolchain,
+            **({"files": [f.to_dict() for f in self.files]} if self.files else {}),
         }
 
 
@@ -60,6 +102,8 @@ class Manifest:
     tool_version: str = ""
     tune: dict[str, Any] | None = None
     """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
+    source_parity: dict[str, Any] | None = None
+    """the fp32 models against the source policy on the trace (quarl_edge/parity.py), set at export"""
 
     def model(self, name: str) -> ModelEntry:
         for m in self.models:
@@ -74,7 +118,7 @@ class Manifest:
         """The fp32 model the others are compared against (first fp32 model)."""
         return next((m for m in self.models if m.precision == "fp32"), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "format": BUNDLE_FORMAT,
             "schema_version": BUNDLE_VERSION,
@@ -85,10 +129,11 @@ class Manifest:
             "trace": self.trace,
             "models": [m.to_dict() for m in self.models],
             **({"tune": self.tune} if self.tune is not None else {}),
+            **({"source_parity": self.source_parity} if self.source_parity is not None else {}),
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+    def from_dict(cls, d: JSONObject) -> Manifest:
         if d.get("format") != BUNDLE_FORMAT:
             raise InputError(
                 "manifest.json is not a quarl-edge bundle manifest", "export one with `quarl-edge export`"
@@ -123,9 +168,14 @@ class Manifest:
                     quantization=dict(m.get("quantization") or {}),
                     io=dict(m.get("io") or {}),
                     toolchain={str(k): str(v) for k, v in (m.get("toolchain") or {}).items()},
+                    files=_model_files(m.get("files"), fix),
                 )
                 for m in d["models"]
             )
+            paths = [p for m in models for p in (m.file, *(f.file for f in m.files))]
+            twice = next((p for p in paths if paths.count(p) > 1), None)
+            if twice is not None:  # one file under two entries: a model's file could be another's header
+                raise InputError(f"bundle manifest names the file {twice!r} twice", fix)
             names = [m.name for m in models]
             twice = next((n for n in names if names.count(n) > 1), None)
             if twice is not None:  # a model shadowed by a namesake would never be run or checked
@@ -143,11 +193,22 @@ class Manifest:
                 tune=schema.obj(d["tune"], "bundle manifest tune", fix)
                 if d.get("tune") is not None
                 else None,
+                source_parity=schema.obj(d["source_parity"], "bundle manifest source_parity", fix)
+                if d.get("source_parity") is not None
+                else None,
             )
         except schema.MALFORMED as e:
             raise InputError(
                 f"malformed bundle manifest (bad or missing field: {type(e).__name__}: {str(e)[:120]})", fix
             ) from None
+
+
+def _model_files(v: Any, fix: str) -> tuple[ModelFile, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or len(v) > MAX_MODEL_FILES:
+        raise InputError(f"a model's files is not a list of at most {MAX_MODEL_FILES}", fix)
+    return tuple(ModelFile.from_dict(f, fix) for f in v)
 
 
 def _file(v: Any, what: str, fix: str) -> str:
@@ -236,15 +297,23 @@ def verify_files(bundle: Path, manifest: Manifest, models: list[str] | None = No
 
 def bundle_files(manifest: Manifest) -> list[str]:
     """manifest.json and every file it names, each once, in a stable order."""
-    files = [MANIFEST_NAME, *(m.file for m in manifest.models)]
+    files = [MANIFEST_NAME, *(p for m in manifest.models for p in (m.file, *(f.file for f in m.files)))]
     if manifest.trace:
         files.append(str(manifest.trace["file"]))
     return list(dict.fromkeys(files))
 
 
 def verify_model(bundle: str | Path, entry: ModelEntry) -> Path:
-    """The model file's path, once its sha256 matches the manifest's (IntegrityError otherwise)."""
+    """The model file's path, once its sha256 and those of the model's other files match the manifest's
+    (IntegrityError otherwise)."""
+    for f in entry.files:
+        _check_file(Path(bundle), f.file, f.sha256, f"{entry.name} {f.role}")
     return _check_file(Path(bundle), entry.file, entry.sha256, entry.name)
+
+
+def verify_model_file(bundle: str | Path, entry: ModelEntry, f: ModelFile) -> Path:
+    """One of a model's other files, once its sha256 matches the manifest's."""
+    return _check_file(Path(bundle), f.file, f.sha256, f"{entry.name} {f.role}")
 
 
 def model_path(bundle: str | Path, entry: ModelEntry) -> Path:

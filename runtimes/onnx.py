@@ -133,6 +133,10 @@ class OnnxSession:
         inp = self._sess.get_inputs()[0]
         self._input_name = inp.name
         self._output_name = self._sess.get_outputs()[0].name
+        self._inputs = [
+            (i.name, np.dtype(_ORT_TYPES.get(i.type, np.float32))) for i in self._sess.get_inputs()
+        ]
+        self._outputs = [o.name for o in self._sess.get_outputs()]
         self.input_shape = tuple(d if isinstance(d, int) else None for d in inp.shape)
         self.input_dtype = np.dtype(_ORT_TYPES.get(inp.type, np.float32))
         self.runtime = f"onnxruntime {ort.__version__}"
@@ -140,6 +144,13 @@ class OnnxSession:
     def run(self, obs: np.ndarray) -> np.ndarray:
         feed = {self._input_name: np.ascontiguousarray(obs, dtype=self.input_dtype)}
         return self._sess.run([self._output_name], feed)[0]
+
+    def run_io(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if len(inputs) != len(self._inputs):
+            raise InputError(f"the model takes {len(self._inputs)} inputs, {len(inputs)} were given",
+                             "re-export the bundle")  # fmt: skip
+        feed = {n: np.ascontiguousarray(x, dtype=t) for (n, t), x in zip(self._inputs, inputs, strict=True)}
+        return list(self._sess.run(self._outputs, feed))
 
 
 @register("onnx")

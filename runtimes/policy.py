@@ -14,18 +14,17 @@ what a control loop runs.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from .adapters import ModelSession, check_input, open_model
-from .envs import bounds, make_env, split_wrappers
+from .envs import DICT_OBS, bounds, make_env, split_wrappers
 from .errors import InputError
 from .fsutil import sha256_file
 from .inputs import (
@@ -37,10 +36,12 @@ from .inputs import (
     OnOutOfRange,
     PolicyStats,
 )
-from .manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest, model_path, verify_model
+from .manifest import MANIFEST_NAME, Manifest, ModelEntry, model_path, verify_model
+from .modelio import DictInput, ModelInputs
 from .onnx import OrtOptions
-from .selection import check_device, choose_model, fp32_model, resolve_threads
+from .selection import fp32_model
 from .spec import EnvConfig, WrapperConfig
+from .telemetry import FieldLogger, LogStats
 
 Action = int | np.ndarray
 """an index for a discrete action space, a float32 array for a continuous one"""
@@ -98,6 +99,8 @@ class PolicyInfo:
     """the model that answers out-of-range observations (``on_out_of_range="fp32"``), else None"""
     device: str | None
     """the device named at load (``device=`` or $QUARL_EDGE_DEVICE), else None"""
+    observation_keys: tuple[str, ...] | None = None
+    """a Dict observation's keys, in the order they are flattened (``act`` takes the env's dict)"""
 
 
 class FrameStack:
@@ -109,6 +112,7 @@ class FrameStack:
         self.padding = padding
         self._zero = zero
         self._fresh = True
+        self._scratch = self.frames.copy()
 
     def reset(self) -> None:
         self._fresh = True
@@ -121,6 +125,16 @@ class FrameStack:
             self.frames[:-1] = self.frames[1:]  # numpy copies overlapping slices correctly
         self.frames[-1] = obs
         return self.frames
+
+    def peek(self, obs: np.ndarray) -> np.ndarray:
+        """What ``push(obs)`` would return, built in a scratch buffer: the stack is left as it is."""
+        out = self._scratch
+        if self._fresh:
+            out[:-1] = obs if self.padding == "reset" else self._zero
+        else:
+            out[:-1] = self.frames[1:]
+        out[-1] = obs
+        return out
 
 
 def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[FrameStack]:
@@ -151,6 +165,9 @@ def _frame_stacks(wrappers: tuple[WrapperConfig, ...], space: Any) -> list[Frame
 class Policy:
     """One model of a bundle, loaded with an explicit thread count. Build it with ``load_policy``."""
 
+    log: FieldLogger | None = None
+    """the field log (``load_policy(..., log_dir=...)``: LoggedPolicy), else None"""
+
     def __init__(
         self,
         bundle: Path,
@@ -179,7 +196,10 @@ class Policy:
         self.on_nonfinite, self.on_out_of_range = on_nonfinite, on_out_of_range
         self.model_input_shape = tuple(self.spec.observation_space.shape)
         self.env_config: EnvConfig
-        self.env_config, stack_wrappers = split_wrappers(self.spec.env)
+        self.env_config, policy_side = split_wrappers(self.spec.env)
+        dict_obs = [w for w in policy_side if w.name == DICT_OBS]
+        self._dict = DictInput(dict_obs[0].kwargs) if dict_obs else None
+        stack_wrappers = tuple(w for w in policy_side if w.name != DICT_OBS)
         self._stacks = _frame_stacks(stack_wrappers, self.spec.observation_space)
         self.observation_shape = self.model_input_shape[len(self._stacks) :]
         rng = CalibrationRange.from_manifest(manifest.calibration, self.observation_shape)
@@ -204,6 +224,8 @@ class Policy:
                 self._fp32 = open_model(fp32_path, fp32.format, threads, options)
                 check_input(self._fp32, self.spec.observation_space, fp32_path)
         self._discrete = self.spec.action_space.is_discrete
+        self._integer = self.spec.action_space.is_integer
+        self._io = ModelInputs(self.spec)
         self._last: Action | None = None
         self._last_batch: np.ndarray | None = None
         self.first_call_ns: int | None = None
@@ -213,18 +235,27 @@ class Policy:
     # -- the control loop ---------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Start a new episode: forget the observations of the last one (the frame stack) and its last
-        action (``on_nonfinite="hold"`` never carries an action into a new episode)."""
+        """Start a new episode: forget the observations of the last one (the frame stack), the recurrent
+        state (zeros: what the manifest's ``policy.state`` says at an episode start) and the last action
+        (``on_nonfinite="hold"`` never carries an action into a new episode)."""
         for s in self._stacks:
             s.reset()
+        self._io.reset()  # a recurrent policy's state: zeros
         self._last = None
 
-    def act(self, obs: ArrayLike) -> Action:
+    def act(self, obs: ArrayLike, action_mask: ArrayLike | None = None) -> Action:
         """The environment action for the environment's observation (one per step, in order: the
         policy stacks frames itself). ``obs`` is an observation of ``make_env()``'s environment, checked
-        first (docs/runtime.md, the input contract): an InputError when it cannot be used as given."""
+        first (docs/runtime.md, the input contract): an InputError when it cannot be used as given.
+        ``action_mask``: a masked policy's allowed actions now (``env.action_masks()``; None: all)."""
         g = self._guard
+        if self._dict is not None:  # the env's dict: each key checked, flattened in the manifest's order
+            g.observations += 1
+            obs = self._dict.flatten(obs, g.refuse)
+            g.observations -= 1  # counted once, by array() below
         x = g.array(obs, self.observation_shape)
+        if action_mask is not None or self._io.active:
+            self._io.set_mask(action_mask, None)
         session = None
         if not g.ok(x):  # NaN/inf, or outside the calibration range: decided per on_nonfinite/on_out_of_range
             y, session = self._off_nominal(x)
@@ -233,16 +264,49 @@ class Policy:
             x = y
         for s in self._stacks:
             x = s.push(x)
-        out = (self.run_batch(x[None]) if session is None else session.run(x[None]))[0]  # _action, inlined
-        action: Action = int(out) if self._discrete else out.astype(np.float32)
+        out = (self.run_batch(x[None]) if session is None else self._run_on(session, x[None]))[0]
+        action: Action = int(out) if self._discrete else out.astype(self._action_dtype())
         self._last = action
         return action
 
-    def act_on_input(self, model_input: ArrayLike) -> Action:
+    def rehearse(self, obs: ArrayLike, action_mask: ArrayLike | None = None) -> None:
+        """A throw-away ``act(obs)``: the same code (conversion, checks, frame stack, inference, the action's
+        conversion) with no effect: nothing counted in ``stats`` or logged, the frame stack, the recurrent
+        state and the last action unchanged. The loop runner calls it before each deadline so that the real
+        act() finds its code and data in the caches (runtimes.loop). An observation act() would refuse is
+        ignored."""
+        g = self._guard
+        counts = g.observations, g.refused
+        saved = self._io.snapshot()
+        try:
+            if self._dict is not None:
+                obs = self._dict.flatten(obs, g.refuse)
+            x = g.array(obs, self.observation_shape)
+            if action_mask is not None:
+                self._io.set_mask(action_mask, None)
+        except InputError:
+            self._io.restore(saved)
+            return
+        finally:
+            g.observations, g.refused = counts
+        session = self.session
+        if not g.ok(x) and self._fp32 is not None:
+            session = self._fp32
+        for s in self._stacks:
+            x = s.peek(x)
+        try:
+            out = (self.run_batch(x[None]) if session is self.session else self._run_on(session, x[None]))[0]
+        finally:
+            self._io.restore(saved)
+        _ = int(out) if self._discrete else out.astype(np.float32)
+
+    def act_on_input(self, model_input: ArrayLike, action_mask: ArrayLike | None = None) -> Action:
         """The action for one model input (frames already stacked, as the observations of a trace),
         checked as ``act`` checks an observation; the policy's own frame stack is not used."""
         g = self._guard
         x = g.array(model_input, self.model_input_shape, "model input")
+        if action_mask is not None or self._io.active:
+            self._io.set_mask(action_mask, None)
         session = None
         if not g.ok_all(x):
             y, session = self._off_nominal(x)
@@ -251,7 +315,7 @@ class Policy:
             x = y
         return self._action(x, session)
 
-    def act_batch(self, obs: ArrayLike) -> np.ndarray:
+    def act_batch(self, obs: ArrayLike, action_masks: ArrayLike | None = None) -> np.ndarray:
         """The actions for N model inputs at once (``obs[N, ...]``, e.g. a VecEnv's observations), the
         same as N ``act_on_input`` calls, in one inference: an int64 array ``[N]`` for a discrete action
         space, float32 ``[N, *action_shape]`` for a continuous one. Every row is checked as ``act``
@@ -261,6 +325,8 @@ class Policy:
         g = self._guard
         x = g.array(obs, self.model_input_shape, "batch", batch=True)
         n = x.shape[0]
+        if action_masks is not None or self._io.active:
+            self._io.set_mask(action_masks, n)
         if n == 0:
             return np.empty((0, *self._action_shape()), self._action_dtype())
         if g.ok_all(x):
@@ -270,9 +336,12 @@ class Policy:
         self._last_batch = out
         return out
 
+    def _run_on(self, session: ModelSession, batch: np.ndarray) -> np.ndarray:
+        return self._io.run(session, batch) if self._io.active else session.run(batch)
+
     def _action(self, x: np.ndarray, session: ModelSession | None) -> Action:
-        out = (self.run_batch(x[None]) if session is None else session.run(x[None]))[0]
-        action: Action = int(out) if self._discrete else out.astype(np.float32)
+        out = (self.run_batch(x[None]) if session is None else self._run_on(session, x[None]))[0]
+        action: Action = int(out) if self._discrete else out.astype(self._action_dtype())
         self._last = action
         return action
 
@@ -322,7 +391,7 @@ class Policy:
             g.fp32_steps += int(outside.sum())
             fp32_rows, rows = outside, rows & ~outside
             assert self._fp32 is not None  # opened at load for on_out_of_range="fp32"
-            out[fp32_rows] = self._actions(self._fp32.run(x[fp32_rows]), int(fp32_rows.sum()))
+            out[fp32_rows] = self._actions(self._run_on(self._fp32, x[fp32_rows]), int(fp32_rows.sum()))
         if rows.any():
             out[rows] = self._actions(self.run_batch(x[rows]), int(rows.sum()))
         return out
@@ -339,10 +408,31 @@ class Policy:
         return () if self._discrete else tuple(self.spec.action_space.shape)
 
     def _action_dtype(self) -> type:
-        return np.int64 if self._discrete else np.float32
+        return np.int64 if self._integer else np.float32
 
     def _actions(self, raw: np.ndarray, n: int) -> np.ndarray:
         return raw.astype(self._action_dtype(), copy=False).reshape(n, *self._action_shape())
+
+    def zero_observation(self) -> Any:
+        """An observation of zeros in the form ``act`` takes (a dict for a Dict observation), e.g. to check
+        that a deployed policy loads and acts."""
+        dtype = np.dtype(self.spec.observation_space.dtype)
+        if self._dict is not None:
+            return {
+                k: np.zeros(s, np.float32) for k, s in zip(self._dict.keys, self._dict.shapes, strict=True)
+            }
+        return np.zeros(self.observation_shape, dtype)
+
+    @property
+    def recurrent_state(self) -> tuple[np.ndarray, ...]:
+        """A recurrent policy's state as the next ``act`` feeds it (zeros after ``reset()``), a copy;
+        () for a feed-forward policy. Its names and shapes: ``policy.spec.state``."""
+        return self._io.state if self._io.state_specs else ()
+
+    @property
+    def action_mask_size(self) -> int | None:
+        """A masked policy's mask length (one entry per logit: ``act(obs, action_mask=...)``), else None."""
+        return self._io.mask_len
 
     @property
     def stats(self) -> PolicyStats:
@@ -350,15 +440,44 @@ class Policy:
         NaN/inf ones, those outside the calibration range (per feature), clipped, answered by fp32."""
         return self._guard.stats()
 
-    def run_batch(self, batch: np.ndarray) -> np.ndarray:
+    def run_batch(self, batch: np.ndarray, action_masks: np.ndarray | None = None) -> np.ndarray:
         """The model's raw output for a batch of model inputs, unchecked (``act_batch`` is the checked
-        call); the first call after load is timed."""
+        call); the first call after load is timed. ``action_masks`` [N, logits]: a masked policy's."""
+        if action_masks is not None:
+            self._io.set_mask(action_masks, len(batch))
+        if self._io.active:
+            return self._run_timed(lambda: self._io.run(self.session, batch))
         if self.first_call_ns is None:
             t0 = time.perf_counter_ns()
             out = self.session.run(batch)
             self.first_call_ns = time.perf_counter_ns() - t0
             return out
         return self.session.run(batch)
+
+    def _run_timed(self, run: Callable[[], np.ndarray]) -> np.ndarray:
+        if self.first_call_ns is None:
+            t0 = time.perf_counter_ns()
+            out = run()
+            self.first_call_ns = time.perf_counter_ns() - t0
+            return out
+        return run()
+
+    @property
+    def log_stats(self) -> LogStats | None:
+        """The field log so far (``load_policy(..., log_dir=...)``), else None."""
+        return self.log.stats() if self.log is not None else None
+
+    def close(self) -> None:
+        """Write the field log's open chunk and stop its writer (nothing to do without a log_dir; also
+        done at exit). The policy can still act, unlogged."""
+        if self.log is not None:
+            self.log.close()
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def make_env(self, render_mode: str | None = None) -> Any:
         """The bundle's environment (gymnasium, with the preprocessing that changes the environment,
@@ -380,8 +499,9 @@ class Policy:
             self.run_batch(batch)
             times.append(time.perf_counter_ns() - t0)
             if self._fp32 is not None and self._fp32 is not self.session:
-                self._fp32.run(batch)
+                self._run_on(self._fp32, batch)
         self.warmup_ns = self.warmup_ns + tuple(times)
+        self._io.reset()  # warm-up calls must not leave a recurrent state behind
 
     @property
     def info(self) -> PolicyInfo:
@@ -419,54 +539,5 @@ class Policy:
             on_out_of_range=self.on_out_of_range,
             fp32_model=None if self.fp32_entry is None else self.fp32_entry.name,
             device=self.device,
+            observation_keys=None if self._dict is None else self._dict.keys,
         )
-
-
-def load_policy(
-    bundle: str | Path,
-    model: str | None = None,
-    threads: int | Literal["tune"] = "tune",
-    *,
-    warmup: int = WARMUP_CALLS,
-    oversubscribe: bool = False,
-    on_nonfinite: OnNonfinite = "raise",
-    on_out_of_range: OnOutOfRange = "count",
-    session_options: OrtOptions | Mapping[str, Any] | None = None,
-    device: str | None = None,
-    require_signature: bool = False,
-) -> Policy:
-    """Load one model of a bundle for a control loop: its sha256 checked against the manifest, opened
-    with ``threads`` threads, and warmed up with ``warmup`` inferences on a zero observation.
-
-    ``model``: a model name of the bundle; default: the model `quarl-edge tune` chose when the bundle
-    is tune's, else the bundle's only model besides the fp32 reference (a bundle with several needs
-    ``model=``). ``threads``: ``"tune"`` (the count tune recorded for its choice; 1 otherwise) or a count
-    up to this device's cores (``oversubscribe=True`` to go past). ``on_nonfinite``: ``"raise"`` (an
-    InputError for NaN/inf) or ``"hold"`` (repeat the last action). ``on_out_of_range``: ``"count"``,
-    ``"clip"`` (to the calibration range) or ``"fp32"`` (the bundle's fp32 model answers). ``session_options``:
-    ONNX Runtime's (``OrtOptions`` or a dict of its fields). ``device``: the device's name (default
-    $QUARL_EDGE_DEVICE), to warn when the bundle was tuned on another. ``require_signature``: refuse a
-    bundle not signed by a key this machine trusts (a machine with trusted keys requires that anyway).
-    Errors are ``QuarlError``s whose ``str()`` is one line: the problem and the fix (docs/runtime.md).
-    """
-    if not isinstance(bundle, str | os.PathLike):
-        raise InputError(
-            f"bundle must be a folder path (got {type(bundle).__name__})",
-            "e.g. load_policy('bundles/cartpole-ppo')",
-        )
-    bundle = Path(bundle)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise InputError(
-            f"warmup must be an integer >= 0 (got {str(warmup)[:24]!r})", f"e.g. warmup={WARMUP_CALLS}"
-        )
-    options = OrtOptions.of(session_options)
-    manifest = load_manifest(bundle, verify=False, require_signature=require_signature)
-    entry, why = choose_model(manifest, model, bundle)
-    count, threads_from = resolve_threads(threads, manifest, entry, oversubscribe)
-    here = check_device(manifest, device)
-    verify_model(bundle, entry)
-    policy = Policy(bundle, manifest, entry, count, chosen_by=why, on_nonfinite=on_nonfinite,
-                    on_out_of_range=on_out_of_range, session_options=options, threads_from=threads_from,
-                    device=here)  # fmt: skip
-    policy.warm_up(warmup)
-    return policy

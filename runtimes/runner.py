@@ -19,13 +19,14 @@ import numpy as np
 
 from . import defaults
 from .adapters import ModelSession
-from .envs import make_env
+from .envs import action_masks, make_env
 from .errors import InputError
 from .facts import is_emulated
-from .loop import InLoopStats, check_hz, in_loop_stats
+from .inloop import InLoopStats, check_hz, in_loop_stats
+from .loop import LoopConfig, Pace
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
-from .schema import Event
+from .schema import Event, JSONObject
 from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
@@ -46,6 +47,10 @@ class EpisodeResult:
     error: str | None = None
     act_ns: list[int] | None = None
     """every act() call's time, in step order (only when the run measures in-loop latency)"""
+    warmed: list[bool] | None = None
+    """paced (bench --hz): per step, whether the loop runner warmed up before it (every other step)"""
+    overruns: int = 0
+    """paced: steps whose act() + env.step ended after the next deadline"""
 
 
 @dataclass
@@ -107,7 +112,7 @@ class ModelRun:
     sustained: SustainedStats | None = None
     """the model run back to back for ``duration_s``, with the board's thermal readings"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["episodes"] = [asdict(e) for e in self.episodes]
         return d
@@ -125,6 +130,7 @@ def run_episodes(
     on_episode: Callable[[EpisodeResult], None] | None = None,
     catch: bool = True,
     reraise: tuple[type[BaseException], ...] = (),
+    pace: Pace | None = None,
 ) -> list[EpisodeResult]:
     """The one seeded closed loop: one episode per seed, in order, ``act`` choosing every action.
 
@@ -134,10 +140,13 @@ def run_episodes(
     at each episode's start (a policy's frame stack, recurrent state). ``timed``: each episode keeps the
     time of every act() call (between two real env steps, as in a control loop). ``catch``: an episode
     that raises is reported with its error and the others go on (a bench); exceptions of ``reraise`` (a
-    dropped link: not the episode's doing) and, without ``catch``, every exception end the run.
+    dropped link: not the episode's doing) and, without ``catch``, every exception end the run. ``pace``:
+    every step waits for its deadline at the loop runner's rate (runtimes.loop.Pace, entered by the
+    caller), its act() timed and whether it was warmed up kept per step (``timed`` then holds).
     """
     results: list[EpisodeResult] = []
     go_on = True
+    last: Any = None  # the last observation acted on: the pace's warm-up runs on it
     for seed in seeds:
         if not go_on:
             break
@@ -147,20 +156,28 @@ def run_episodes(
         if reset is not None:
             reset()
         clock = time.perf_counter_ns
-        times: list[int] | None = [] if timed else None
-        ret, steps, nonfinite, error = 0.0, 0, 0, None
+        times: list[int] | None = [] if timed or pace is not None else None
+        warmed: list[bool] | None = [] if pace is not None else None
+        ret, steps, nonfinite, error, overruns = 0.0, 0, 0, None, 0
         try:
             while go_on:
-                obs = np.asarray(obs)
-                if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
-                    nonfinite += 1
+                if not isinstance(obs, dict):  # a Dict observation goes to act() as the env gave it
+                    obs = np.asarray(obs)
+                    if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
+                        nonfinite += 1
+                if pace is not None:
+                    pace.wait(last)
                 if times is None:
                     action = act(obs)
                 else:  # between two real env steps: the caches are the env's, as in a control loop
                     t0 = clock()
                     action = act(obs)
                     times.append(clock() - t0)
+                last = obs
                 next_obs, reward, terminated, truncated, _ = env.step(action)
+                if pace is not None and warmed is not None and times is not None:
+                    warmed.append(pace.warmed)
+                    overruns += pace.done(times[-1])
                 ret += float(reward)
                 steps += 1
                 end = bool(terminated or truncated or (max_steps is not None and steps >= max_steps))
@@ -175,10 +192,17 @@ def run_episodes(
             if not catch:
                 raise
             error = f"{type(e).__name__}: {e}"
-        results.append(EpisodeResult(seed, ret, steps, nonfinite, error, times))
+        results.append(EpisodeResult(seed, ret, steps, nonfinite, error, times, warmed, overruns))
         if on_episode is not None:
             on_episode(results[-1])
     return results
+
+
+def episodes_in_loop(episodes: Sequence[Any], hz: float, first_call_ms: float | None,
+                     os_settings: Sequence[str] = ()) -> InLoopStats | None:  # fmt: skip
+    """The in-loop stats of episodes (EpisodeResult here, the host's typed Episode after a resume)."""
+    return in_loop_stats((e.act_ns for e in episodes), hz, first_call_ms, (e.warmed for e in episodes),
+                         sum(e.overruns or 0 for e in episodes), os_settings)  # fmt: skip
 
 
 def peak_rss_mb() -> float:
@@ -206,14 +230,17 @@ class PolicyRunner:
         self.spec = self.manifest.policy
         self.threads = threads
         self.session: ModelSession = self.policy.session
+        # one inference as a control loop calls it: the model's extra inputs (mask, recurrent state) included
+        plain = self.policy.action_mask_size is None and not self.spec.state
+        self.infer = self.session.run if plain else self.policy.run_batch
         self.load_ns = self.policy.load_ns
 
     @property
     def first_inference_ns(self) -> int | None:
         return self.policy.first_call_ns
 
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        return self.policy.run_batch(obs)
+    def act_batch(self, obs: np.ndarray, action_masks: np.ndarray | None = None) -> np.ndarray:
+        return self.policy.run_batch(obs, action_masks)
 
     def act(self, obs: np.ndarray) -> Any:
         """The environment action for one observation of the policy's observation space (frames
@@ -226,9 +253,10 @@ class PolicyRunner:
         max_steps: int | None = None,
         progress: Progress | None = None,
         timed: bool = False,
+        pace: Pace | None = None,
     ) -> list[EpisodeResult]:
         """Closed-loop episodes on ``seeds`` through ``Policy.act`` (run_episodes); ``timed``: each keeps
-        the time of every act() call."""
+        the time of every act() call; ``pace``: at the loop runner's rate."""
         if not seeds:  # latency only, or the env runs on the host (bench --env-on-host): no env here
             return []
 
@@ -237,9 +265,12 @@ class PolicyRunner:
                 progress({"event": "episode", "model": self.entry.name, **asdict(e)})
 
         env = self.policy.make_env()
+        act: Act = self.policy.act
+        if self.policy.action_mask_size is not None:  # MaskablePPO: the env's allowed actions at every step
+            act = lambda obs: self.policy.act(obs, action_masks(env))  # noqa: E731
         try:
-            return run_episodes(env, self.policy.act, seeds, max_steps=max_steps, reset=self.policy.reset,
-                                timed=timed, on_episode=done)  # fmt: skip
+            return run_episodes(env, act, seeds, max_steps=max_steps, reset=self.policy.reset,
+                                timed=timed, on_episode=done, pace=pace)  # fmt: skip
         finally:
             env.close()
 
@@ -255,10 +286,14 @@ class PolicyRunner:
         flat = obs.reshape(obs.shape[0], -1)
         valid = np.all(np.isfinite(flat), axis=1) if obs.dtype.kind == "f" else np.ones(obs.shape[0], bool)
         act_shape = self.spec.action_space.shape
-        dtype = np.int64 if self.spec.action_space.is_discrete else np.float32
+        dtype = np.int64 if self.spec.action_space.is_integer else np.float32
         actions = np.full((obs.shape[0], *act_shape), -1 if dtype == np.int64 else np.nan, dtype=dtype)
+        masks = trace.action_masks if self.policy.action_mask_size is not None else None
+        starts = trace.episode_starts()
         for i in np.flatnonzero(valid):
-            actions[i] = self.act_batch(obs[i : i + 1])[0]
+            if starts[i]:  # a recurrent policy replays each episode in order from a zero state
+                self.policy.reset()
+            actions[i] = self.act_batch(obs[i : i + 1], None if masks is None else masks[i : i + 1])[0]
         return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
 
     def latency(
@@ -270,7 +305,7 @@ class PolicyRunner:
             self.act_batch(batches[i % len(batches)])
         out = np.empty(samples, dtype=np.int64)
         clock = time.perf_counter_ns
-        run = self.session.run
+        run = self.infer
         for i in range(samples):
             b = batches[i % len(batches)]
             t0 = clock()
@@ -327,8 +362,10 @@ def run_model(
 
     A ``measured`` event carries everything but the episodes before they start, so a host that loses
     the link mid-way keeps it and can resume with the missing seeds, ``latency_samples=0`` and
-    ``replay=False``. ``hz``: time every act() of the episodes against a 1/hz budget (``in_loop``;
-    each episode keeps its times, so a host that resumes merges them). ``duration_s``: after the
+    ``replay=False``. ``hz``: the episodes run at that rate in the loop runner (real idle time between
+    steps; the warm-up before every other step, OS settings where permitted), every act() timed against
+    the 1/hz budget (``in_loop``: with and without the warm-up; each episode keeps its times, so a host
+    that resumes merges them). ``duration_s``: after the
     latency, a sustained loop of that long with thermal readings (runtimes.sustained).
     """
     hz, duration_s = check_hz(hz), check_duration(duration_s)
@@ -364,9 +401,7 @@ def run_model(
         if progress:
             progress({"event": "latency", "model": model, "p50_us": result.latency.p50_us})
     if duration_s is not None:
-        result.sustained = sustained(
-            runner.session.run, timing_batches(obs_for_timing), duration_s, is_emulated()
-        )
+        result.sustained = sustained(runner.infer, timing_batches(obs_for_timing), duration_s, is_emulated())
     if trace is not None and replay:
         rep = runner.replay(trace)
         result.replay_actions = [
@@ -376,9 +411,13 @@ def run_model(
     if progress:
         result.peak_rss_mb = peak_rss_mb()
         progress({"event": "measured", "model": model, "run": result.to_dict()})
-    result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress, timed=hz is not None)
-    if hz is not None:
-        result.in_loop = in_loop_stats((e.act_ns for e in result.episodes), hz, result.first_inference_ms)
+    if hz is None:
+        result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress)
+    else:
+        with Pace(runner.policy, LoopConfig(hz), alternate=True) as pace:
+            result.episodes = runner.episodes(seeds, max_steps=max_steps, progress=progress, pace=pace)
+        result.in_loop = episodes_in_loop(result.episodes, hz, result.first_inference_ms,
+                                          [x.name for x in pace.settings if x.applied])  # fmt: skip
     result.peak_rss_mb = peak_rss_mb()
     result.torch_imported = "torch" in sys.modules or "tensorflow" in sys.modules
     return result

@@ -40,6 +40,7 @@ def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[M
                 f"bundle {str(bundle)!r}: its tune choice {str(chosen)[:80]!r} is not one of its models "
                 f"({', '.join(names)})",
                 "run `quarl-edge tune` again, or load a model by name (model=...)",
+                cli_fix="run `quarl-edge tune` again, or name a model with --model NAME",
             )
         return manifest.model(chosen), "tune"
     if len(manifest.models) == 1:
@@ -53,6 +54,7 @@ def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[M
     raise InputError(
         f"bundle {str(bundle)!r} has {len(names)} models and no tune choice: {', '.join(names)}",
         f"pick one, e.g. load_policy({str(bundle)!r}, model={names[-1]!r})",
+        cli_fix=f"pick one, e.g. --model {names[-1]}",
     )
 
 

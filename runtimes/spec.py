@@ -12,12 +12,14 @@ from typing import Any, Literal
 
 from . import schema
 from .errors import InputError
+from .schema import JSONObject
 
 FIX = "re-export the policy"
 
 SCHEMA_VERSION = 1
 
-SpaceKind = Literal["box", "discrete"]
+SpaceKind = Literal["box", "discrete", "multi_discrete", "multi_binary"]
+SPACE_KINDS = ("box", "discrete", "multi_discrete", "multi_binary")
 
 
 def _is_bound(x: Any) -> bool:
@@ -32,7 +34,8 @@ def _is_bound(x: Any) -> bool:
 
 @dataclass(frozen=True)
 class SpaceSpec:
-    """A gymnasium Box or Discrete space. Box bounds are a scalar when uniform, else a flat list."""
+    """A gymnasium Box, Discrete, MultiDiscrete or MultiBinary space. Box bounds are a scalar when
+    uniform, else a flat list."""
 
     kind: SpaceKind
     shape: tuple[int, ...]
@@ -40,34 +43,61 @@ class SpaceSpec:
     low: float | str | list[float | str] | None = None  # "inf"/"-inf" for unbounded dimensions
     high: float | str | list[float | str] | None = None
     n: int | None = None
+    nvec: tuple[int, ...] | None = None
+    """MultiDiscrete: the number of choices of each component (flattened)"""
 
     @property
     def is_discrete(self) -> bool:
         return self.kind == "discrete"
 
     @property
+    def is_integer(self) -> bool:
+        """Actions are integers compared exactly, per component (Discrete, MultiDiscrete, MultiBinary)."""
+        return self.kind != "box"
+
+    @property
+    def logits(self) -> int:
+        """The network outputs an integer action space takes (one per choice of every component)."""
+        if self.kind == "discrete":
+            return int(self.n or 0)
+        if self.kind == "multi_discrete":
+            return int(sum(self.nvec or ()))
+        return int(math.prod(self.shape))
+
+    @property
     def is_image(self) -> bool:
         return self.kind == "box" and self.dtype == "uint8" and len(self.shape) == 3
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["shape"] = list(self.shape)
+        if self.nvec is None:
+            del d["nvec"]
+        else:
+            d["nvec"] = list(self.nvec)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SpaceSpec:
+    def from_dict(cls, d: JSONObject) -> SpaceSpec:
         d = schema.obj(d, "space description", FIX)
         try:
             kind = d["kind"]
-            if kind not in ("box", "discrete"):
-                raise InputError(
-                    f"unsupported space kind {str(kind)[:40]!r}", "only Box and Discrete spaces are supported"
-                )
+            if kind not in SPACE_KINDS:
+                raise InputError(f"unsupported space kind {str(kind)[:40]!r}",
+                                 f"supported: {', '.join(SPACE_KINDS)}")  # fmt: skip
             dims = schema.shape(d["shape"], "space shape", FIX)
             n = None if d.get("n") is None else schema.integer(d["n"], "space n", FIX, 1, schema.MAX_ELEMENTS)
             if kind == "discrete" and n is None:
                 raise InputError("a discrete space without n (its number of actions)", FIX)
             size = math.prod(dims)
+            nvec = None
+            if kind == "multi_discrete":
+                raw = d.get("nvec")
+                if not isinstance(raw, list) or len(raw) > 4096:
+                    raise InputError("a MultiDiscrete space without nvec (a list of choice counts)", FIX)
+                nvec = tuple(schema.integer(v, "space nvec", FIX, 1, 65_536) for v in raw)
+                if math.prod(dims) != len(nvec):
+                    raise InputError("a MultiDiscrete space whose nvec does not fit its shape", FIX)
             for bound in ("low", "high"):
                 v = d.get(bound)
                 items = v if isinstance(v, list) else [v]
@@ -77,7 +107,7 @@ class SpaceSpec:
                         FIX,
                     )
             return cls(kind=kind, shape=dims, dtype=schema.text(d["dtype"], "space dtype", FIX, 16),
-                       low=d.get("low"), high=d.get("high"), n=n)  # fmt: skip
+                       low=d.get("low"), high=d.get("high"), n=n, nvec=nvec)  # fmt: skip
         except schema.MALFORMED as e:
             raise InputError(
                 f"malformed space description ({type(e).__name__}: {str(e)[:120]})", FIX
@@ -106,7 +136,7 @@ class EnvConfig:
     family: str = "gym"
     imports: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "id": self.id,
             "family": self.family,
@@ -116,7 +146,7 @@ class EnvConfig:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EnvConfig:
+    def from_dict(cls, d: JSONObject) -> EnvConfig:
         d = schema.obj(d, "environment description", FIX)
         try:
             wrappers = d.get("wrappers", [])
@@ -142,6 +172,32 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class StateSpec:
+    """One recurrent state tensor carried between steps: fed as graph input ``input``, read back from
+    graph output ``output`` after every step, zeros at every episode start (``policy.reset()``)."""
+
+    input: str
+    output: str
+    shape: tuple[int, ...]
+    """its shape for one environment, the batch axis of size 1 (e.g. [layers, 1, hidden])"""
+    batch_axis: int = 1
+
+    def to_dict(self) -> JSONObject:
+        return {"input": self.input, "output": self.output, "shape": list(self.shape),
+                "batch_axis": self.batch_axis, "reset": "zeros at every episode start"}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StateSpec:
+        d = schema.obj(d, "policy spec state", FIX)
+        shape = schema.shape(d.get("shape"), "policy spec state shape", FIX)
+        axis = schema.integer(d.get("batch_axis", 1), "policy spec state batch_axis", FIX, 0, 7)
+        if axis >= len(shape) or shape[axis] != 1:
+            raise InputError("policy spec state has no batch axis of size 1", FIX)
+        return cls(schema.text(d.get("input"), "state input", FIX, 128),
+                   schema.text(d.get("output"), "state output", FIX, 128), shape, axis)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     """Spaces, preprocessing and postprocessing of a deterministic policy.
 
@@ -160,8 +216,10 @@ class PolicySpec:
     source: str = "quarl-edge train"
     train: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    state: tuple[StateSpec, ...] = ()
+    """the recurrent state the graph takes and returns after the observation (and an action mask)"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "schema_version": self.schema_version,
             "name": self.name,
@@ -173,10 +231,11 @@ class PolicySpec:
             "graph_steps": list(self.graph_steps),
             "source": self.source,
             "train": dict(self.train),
+            **({"state": [st.to_dict() for st in self.state]} if self.state else {}),
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PolicySpec:
+    def from_dict(cls, d: JSONObject) -> PolicySpec:
         d = schema.obj(d, "policy spec", FIX)
         try:
             version = schema.integer(d.get("schema_version", 0), "policy spec schema_version", FIX, 0)
@@ -196,8 +255,15 @@ class PolicySpec:
                 source=schema.text(d.get("source", ""), "policy spec source", FIX),
                 train=dict(schema.obj(d.get("train", {}), "policy spec train", FIX)),
                 schema_version=version,
+                state=tuple(StateSpec.from_dict(x) for x in _items(d.get("state", []), "policy spec state")),
             )
         except schema.MALFORMED as e:
             raise InputError(
                 f"malformed policy spec (missing or bad field: {type(e).__name__}: {str(e)[:120]})", FIX
             ) from None
+
+
+def _items(v: Any, where: str) -> list[Any]:
+    if not isinstance(v, list) or len(v) > 16:
+        raise InputError(f"{where} is not a list of at most 16 entries", FIX)
+    return v

@@ -4,10 +4,12 @@ SSH tier's real sshd on loopback."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -20,6 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# One compute thread per test process (and the CLI processes it starts), set before torch is imported:
+# the machine has 2 cores shared by 2 pytest workers, and torch's default of one OpenMP thread per core
+# spins against the other worker. Measured on the loaded 2-core machine: a 256-step SAC training 97 s
+# with the default, 22 s with one thread. What a test measures with more threads it sets itself.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "quarl_edge" / "assets" / "policies"
@@ -69,6 +78,27 @@ def cli(tmp_path: Path) -> CliRun:
     return run
 
 
+def run_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder ``build(folder)`` makes once per test run: under pytest-xdist the first worker that asks
+    builds it, the others wait for it and reuse it (session fixtures are per worker; an export or a wheel
+    build need not be). The folder is read-only by convention: a test that alters it copies it first."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's own folder (pytest-N), above the workers' popen-gwN folders
+    shared = base / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    out, done = shared / name, shared / f"{name}.done"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            if out.exists():  # a worker that failed half-way
+                shutil.rmtree(out)
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
+
+
 def _export_shipped(out: Path, policy: Path, calibration: Path, targets: tuple[str, ...]) -> Path:
     from quarl_edge.bundle import BundleRequest, export_bundle
     from quarl_edge.policy.net import load_checkpoint
@@ -77,13 +107,30 @@ def _export_shipped(out: Path, policy: Path, calibration: Path, targets: tuple[s
     return out
 
 
+def shared_export(
+    tmp_path_factory: pytest.TempPathFactory,
+    where: str,
+    policy: Path,
+    calibration: Path,
+    targets: tuple[str, ...],
+) -> Path:
+    """A bundle of a shipped policy exported once per test run (``where``: "folder/bundle-name")."""
+    folder, name = where.split("/")
+    return (
+        run_once(tmp_path_factory, folder, lambda d: _export_shipped(d / name, policy, calibration, targets))
+        / name
+    )
+
+
 @pytest.fixture(scope="session")
 def cartpole_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """fp32 + fp16 + int8 ONNX bundle of the shipped CartPole PPO (exported once per session)."""
-    out = tmp_path_factory.mktemp("bundles") / "cartpole-ppo"
-    return _export_shipped(out, cartpole_policy, cartpole_calib, ("onnx-fp32", "onnx-fp16", "onnx-int8"))
+    targets = ("onnx-fp32", "onnx-fp16", "onnx-int8")
+    return shared_export(
+        tmp_path_factory, "bundle-cartpole/cartpole-ppo", cartpole_policy, cartpole_calib, targets
+    )
 
 
 @pytest.fixture(scope="session")
@@ -111,8 +158,10 @@ def pendulum_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
     """fp32 + int8 ONNX bundle of the shipped Pendulum SAC (continuous actions, returns that vary by seed)."""
-    out = tmp_path_factory.mktemp("bundles") / "pendulum-sac"
-    return _export_shipped(out, pendulum_policy, pendulum_calib, ("onnx-fp32", "onnx-int8"))
+    targets = ("onnx-fp32", "onnx-int8")
+    return shared_export(
+        tmp_path_factory, "bundle-pendulum/pendulum-sac", pendulum_policy, pendulum_calib, targets
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +187,12 @@ _SKIP_COPY = shutil.ignore_patterns(
 def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     """quarl-edge as a user gets it: the wheel built from a clean copy of the source tree, pip-installed
     (no editable finder) into a fresh venv whose dependencies are the test venv's (no download)."""
-    work = tmp_path_factory.mktemp("wheel")
+    work = run_once(tmp_path_factory, "installed-wheel", _build_and_install_wheel)
+    (wheel,) = (work / "dist").glob("quarl_edge-*.whl")
+    return InstalledWheel(wheel, work / "venv")
+
+
+def _build_and_install_wheel(work: Path) -> None:
     src = work / "src"
     shutil.copytree(ROOT, src, ignore=_SKIP_COPY)  # a stale build/lib would leak old modules into the wheel
     dist = work / "dist"
@@ -153,7 +207,48 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     site = next((venv / "lib").glob("python3*/site-packages"))
     deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     (site / "zz-test-venv-deps.pth").write_text("\n".join(deps) + "\n")
-    return InstalledWheel(wheel, venv)
+
+
+def _group(nodeid: str) -> str:
+    """What runs together on one pytest-xdist worker: every file whose name says ``emulat`` in one group
+    (one emulated board per host: its namespace and /run state have fixed names, so its tests run one
+    after another), every other file as a group of its own (module fixtures, e.g. an sshd or a module's
+    exports, are made once)."""
+    path = nodeid.split("::", 1)[0]
+    return "emulated" if "emulat" in Path(path).name else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs `-n 2`: tests scheduled by _group (pytest-xdist's own `--dist loadgroup` reads
+    markers through an attribute pytest 9 no longer has, so it would group nothing)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An emulated test lives in a file whose name says so (the scheduler above keeps those files on one
+    worker). Under pytest-xdist, the emulated group first (the longest: a board, then qemu), then the
+    files with the most tests, so that the workers finish close together (`--no-loadscope-reorder`)."""
+    misplaced = [
+        i.nodeid for i in items if i.get_closest_marker("emulated") and _group(i.nodeid) != "emulated"
+    ]
+    if misplaced:
+        raise pytest.UsageError(
+            f"emulated tests must live in a file named test_*emulat*.py (one board per host): {misplaced[0]}"
+        )
+    if not hasattr(config, "workerinput"):
+        return
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[_group(item.nodeid)] = sizes.get(_group(item.nodeid), 0) + 1
+    first = {g: i for i, g in enumerate(sorted(sizes, key=lambda g: (g != "emulated", -sizes[g])))}
+    items.sort(key=lambda item: first[_group(item.nodeid)])
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -220,8 +315,8 @@ def interruptible() -> None:
 @pytest.fixture(scope="session")
 def pong_rt_bundle(tmp_path_factory: pytest.TempPathFactory, zoo_pong: tuple[Path, Path]) -> Path:
     """The zoo Pong DQN (uint8 4x84x84 frames) as onnx-int8 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "pong-dqn"
-    return _export_shipped(out, zoo_pong[0], zoo_pong[1], ("onnx-int8", "tflite-int8"))
+    targets = ("onnx-int8", "tflite-int8")
+    return shared_export(tmp_path_factory, "rt-bundle-pong/pong-dqn", zoo_pong[0], zoo_pong[1], targets)
 
 
 @pytest.fixture(scope="session")
@@ -229,9 +324,10 @@ def cartpole_rt_bundle(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> Path:
     """The zoo CartPole PPO (discrete) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "cartpole-ppo"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
-    return _export_shipped(out, cartpole_policy, cartpole_calib, targets)
+    return shared_export(
+        tmp_path_factory, "rt-bundle-cartpole/cartpole-ppo", cartpole_policy, cartpole_calib, targets
+    )
 
 
 @pytest.fixture(scope="session")
@@ -239,9 +335,10 @@ def pendulum_rt_bundle(
     tmp_path_factory: pytest.TempPathFactory, pendulum_policy: Path, pendulum_calib: Path
 ) -> Path:
     """The zoo Pendulum SAC (continuous) as onnx-fp32, onnx-int8, tflite-fp32 and tflite-int8."""
-    out = tmp_path_factory.mktemp("rt-bundles") / "pendulum-sac"
     targets = ("onnx-fp32", "onnx-int8", "tflite-fp32", "tflite-int8")
-    return _export_shipped(out, pendulum_policy, pendulum_calib, targets)
+    return shared_export(
+        tmp_path_factory, "rt-bundle-pendulum/pendulum-sac", pendulum_policy, pendulum_calib, targets
+    )
 
 
 # ---- the SSH tier's device: a real OpenSSH sshd on 127.0.0.1 -----------------------------------------
@@ -458,9 +555,10 @@ def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
-@pytest.fixture(scope="module")
-def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
-    d = tmp_path_factory.mktemp("board")
+@contextlib.contextmanager
+def make_board(d: Path, login: Path | None = None) -> Iterator[Board]:
+    """A :class:`Board` in ``d``: its sessions start in ``login`` (default: its home, with HOME pointing
+    at the home either way)."""
     home = d / "home"
     home.mkdir()
     venv = home / "venv"
@@ -473,10 +571,29 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB0ard0wner board-owner\n"
     )
     (d / "sshd").mkdir()
-    # a login directory of the board's own: sessions start there with HOME pointing at it
-    extra = (f"SetEnv HOME={home}", 'ForceCommand cd "$HOME" && exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"')
+    start = shlex.quote(str(login)) if login else '"$HOME"'
+    extra = (f"SetEnv HOME={home}", f'ForceCommand cd {start} && exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"')
     with start_sshd(d / "sshd", extra) as server:
         yield Board(server, home)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
+    """A login directory of the board's own: sessions start there with HOME pointing at it."""
+    with make_board(tmp_path_factory.mktemp("board")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def away_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Board, Path]]:
+    """A board whose sessions start in a login directory other than its $HOME (an sshd_config
+    ChrootDirectory/ForceCommand, a shared service account): ``~`` must still mean $HOME. Returns the
+    board and that login directory (which nothing of ours may touch)."""
+    d = tmp_path_factory.mktemp("away-board")
+    login = d / "login"
+    login.mkdir()
+    with make_board(d, login) as b:
+        yield b, login
 
 
 @pytest.fixture
@@ -488,3 +605,120 @@ def on_board(board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     (tmp_path / "host-home").mkdir()
     return board.device(tmp_path / "xdg" / "quarl-edge", tmp_path / "known_hosts")
+
+
+# ---- C export (issue 31): zoo bundles with ONNX and C models, exported once per session ------------
+
+C_TARGETS = ("onnx-fp32", "onnx-int8", "c-fp32", "c-int8")
+
+
+@pytest.fixture(scope="session")
+def c_bundle(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> a bundle of that zoo policy with C_TARGETS, exported on first use, once per session."""
+    root = tmp_path_factory.mktemp("c-bundles")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = _export_shipped(root / name, POLICIES / name, CALIB / f"{name}.npz", C_TARGETS)
+        return made[name]
+
+    return get
+
+
+# ---- the emulated tier's board: `quarl-edge devices emulate rpi4 up`, once per session ----------------
+
+
+def can_emulate() -> str | None:
+    """Why this host cannot run the emulated board, or None."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root on Linux (debootstrap, chroot, mounts, network namespaces)"
+    if shutil.which("apt-get") is None and shutil.which("debootstrap") is None:
+        return "needs debootstrap (or apt-get to install it)"
+    return None
+
+
+def qe(*args: str | Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """The user's command line: `quarl-edge ARGS...` in a child process (environment as the test sets it)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "quarl_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+
+
+def emulate_cli(action: str) -> Any:
+    """`quarl-edge devices emulate rpi4 ACTION --json`; its status as the CLI printed it."""
+    from quarl_edge.devices import emulate
+
+    r = qe("devices", "emulate", "rpi4", action, "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    print(r.stderr.strip())
+    return emulate.Status(**json.loads(r.stdout))
+
+
+def emu_ssh(st: Any, command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Plain OpenSSH to the emulated board: strict host-key checking against the pinned known_hosts, key
+    auth only."""
+    argv = ["ssh", "-i", str(st.identity), "-o", f"UserKnownHostsFile={st.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-p", str(st.port), f"root@{st.address}", command]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def emu_scp(st: Any, local: list[Path], remote: str) -> None:
+    argv = ["scp", "-q", "-r", "-i", str(st.identity), "-o", f"UserKnownHostsFile={st.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-P", str(st.port),
+            *map(str, local), f"root@{st.address}:{remote}"]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, timeout=300)
+
+
+@dataclass
+class EmuSession:
+    """The session's emulated board: its status as `up` printed it, and the private config dir that holds
+    its device entry (``rpi4-emu``)."""
+
+    status: Any
+    config: Path
+
+
+@pytest.fixture(scope="session")
+def emu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmuSession]:
+    """`quarl-edge devices emulate rpi4 up` once for the whole run (timed: a fresh build, or a cached start
+    when the rootfs and wheelhouse, keyed by their content, are already in the cache), its device entry in
+    a private config dir; `down` at the end of the session. Every emulated test, in any file, shares it."""
+    from quarl_edge.devices import emulate
+
+    reason = can_emulate()
+    if reason:
+        pytest.skip(reason)
+    before = emulate.status("rpi4")
+    if before.running:
+        pytest.skip("rpi4-emu is already running here; `quarl-edge devices emulate rpi4 down` first")
+    config = tmp_path_factory.mktemp("emu-config")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CONFIG_HOME", str(config))
+    try:
+        t0 = time.monotonic()
+        st = emulate_cli("up")
+        kind = "cached start" if before.built else "fresh build + start"
+        print(f"\n[emulated rpi4] {kind}: {time.monotonic() - t0:.1f} s "
+              f"(build {st.build_seconds} s, sshd start {st.start_seconds} s)")  # fmt: skip
+        if not before.built:  # both figures: a fresh build, then a cached start
+            emulate_cli("down")
+            t1 = time.monotonic()
+            st = emulate_cli("up")
+            print(f"[emulated rpi4] cached start: {time.monotonic() - t1:.1f} s")  # figures, not asserts
+        size = (st.rootfs_size_bytes or 0) / 2**20
+        print(f"[emulated rpi4] rootfs {size:.0f} MiB at {st.rootfs}; runtimes {st.runtimes}")
+        mp.undo()
+        yield EmuSession(st, config)
+    finally:
+        mp.undo()
+        if emulate.status("rpi4").running:
+            emulate.down("rpi4", log=print)
+
+
+@pytest.fixture
+def emu_board(emu_session: EmuSession, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's emulated Raspberry Pi 4 (an `emulate.Status`), with XDG_CONFIG_HOME pointing at the
+    config dir holding its device entry for this test (and the `quarl-edge` processes it starts)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(emu_session.config))
+    return emu_session.status

@@ -190,8 +190,8 @@ def test_gate_passes_on_a_good_report(cli: Any, report_file: Path) -> None:
     assert "onnx-int8" in p.stdout and "reward_drop" in p.stdout
 
 
-@pytest.mark.parametrize("limit", ["2%", "2", " 2 % "])
-def test_gate_accepts_percent_with_or_without_sign(cli: Any, report_file: Path, limit: str) -> None:
+@pytest.mark.parametrize("limit", ["2%", "0.02", " 2 % "])
+def test_gate_accepts_a_percentage_or_a_fraction(cli: Any, report_file: Path, limit: str) -> None:
     p = cli("gate", report_file, "--max-reward-drop", limit, "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -238,7 +238,7 @@ def test_gate_fails_on_reward_drop_and_names_the_model(cli: Any, report_file: Pa
     assert [(c.get("classname"), c.get("name")) for c in failed] == [("onnx-int8", "reward_drop")]
     assert "onnx-int8" in failed[0].find("failure").get("message")  # type: ignore[union-attr]
     # a looser threshold lets the same report pass
-    assert cli("gate", bad, "--max-reward-drop", "6").returncode == 0
+    assert cli("gate", bad, "--max-reward-drop", "6%").returncode == 0
 
 
 def test_gate_fails_on_agreement(cli: Any, report_file: Path, tmp_path: Path) -> None:

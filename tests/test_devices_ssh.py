@@ -326,8 +326,8 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
 ) -> None:
     """CartPole scores 500 on every seed, so equal returns there prove little: on Pendulum each seed
     scores differently, and the device plays exactly the local episodes, seed for seed. With --hz the
-    device times act() in those episodes (Pendulum: 200 steps each)."""
-    cfg = BenchConfig(episodes=4, latency_samples=20, hz=50)
+    device times act() in those episodes, paced at the rate (Pendulum: 200 steps each)."""
+    cfg = BenchConfig(episodes=4, latency_samples=20, hz=500)
     with SSHTransport(load_profile(DEV)) as t:
         remote = bench(pendulum_bundle, cfg, device={"name": DEV}, transport=t).to_dict()
     local = bench(pendulum_bundle, cfg).to_dict()
@@ -336,7 +336,9 @@ def test_episodes_over_ssh_are_the_local_ones_on_a_policy_whose_returns_vary(
         assert len(set(per_ep)) == cfg.episodes, per_ep  # every seed its own return
         assert per_ep == lo["reward"]["per_episode"]
         assert r["agreement"] == lo["agreement"]
-        assert r["in_loop"]["steps"] == 4 * 200 and r["in_loop"]["p50_us"] > 0 and r["in_loop"]["hz"] == 50
+        loop = r["in_loop"]
+        assert loop["steps"] + loop["no_warmup_steps"] == 4 * 200 and loop["p50_us"] > 0 and loop["hz"] == 500
+        assert loop["paced"] and loop["no_warmup_p50_us"] > 0
 
 
 def test_env_on_host_plays_the_same_episodes_over_ssh_with_policy_and_link_time_apart(
@@ -520,7 +522,9 @@ def test_shell_metacharacters_in_paths_and_fields_are_passed_safely(
     remote_home = Path(os.path.expanduser(f"~{sshd.user}"))
     for where in (tmp_path, remote_home, Path.cwd(), cache.parent):
         assert not list(where.glob(f"{token}*")), f"a shell ran injected commands in {where}"
-    assert remote_path("~/.cache/x") == ".cache/x" and remote_path("/abs") == "/abs"
+    assert (
+        remote_path("~/.cache/x", "/home/pi") == "/home/pi/.cache/x" and remote_path("/abs", "/h") == "/abs"
+    )
     # a model name is a runner argument and a file stem on the device: one safe alphabet, checked at load
     manifest = json.loads((bundle / "manifest.json").read_text())
     next(m for m in manifest["models"] if m["name"] == "onnx-int8")["name"] = f"int8 $(touch {token}-6);'"

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CliRun
 
 pytest.importorskip("dm_control", reason="the dmc extra is not installed")
 pytest.importorskip("shimmy", reason="the dmc extra is not installed")
@@ -144,22 +143,26 @@ def sac_cartpole(tmp_path_factory: pytest.TempPathFactory) -> tuple[Policy, Path
 
 
 @pytest.mark.slow
-def test_sac_trains_exports_and_benches_closed_loop(sac_cartpole: tuple[Policy, Path], cli: CliRun,
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_sac_trains_exports_and_benches_closed_loop(
+    sac_cartpole: tuple[Policy, Path], tmp_path: Path
+) -> None:
+    """record, export and bench as the commands call them (library calls: the commands' own contract is
+    tested in test_bad_input.py and test_bench_gate.py)."""
+    from quarl_edge.bench.run import BenchConfig, bench
+    from quarl_edge.bundle import BundleRequest, export_bundle
+    from quarl_edge.record import RecordConfig, record_to_file
+
     policy, ckpt = sac_cartpole
     assert policy.spec.train["steps"] == STEPS
     assert policy.spec.observation_space.shape == (5,) and policy.spec.observation_space.dtype == "float32"
     assert load_checkpoint(ckpt).spec.env == env_config(CARTPOLE)
-    p = cli("record", "--policy", ckpt, "--episodes", "2", "--out", "calib.npz")
-    assert p.returncode == 0, p.stderr
-    p = cli("export", "--policy", ckpt, "--calibration", "calib.npz", "--to", "onnx-fp32,onnx-int8,tflite-int8",
-            "--out", "bundle")  # fmt: skip
-    assert p.returncode == 0, p.stderr
+    record_to_file(load_checkpoint(ckpt), RecordConfig(episodes=2), tmp_path / "calib.npz")
+    targets = ("onnx-fp32", "onnx-int8", "tflite-int8")
+    request = BundleRequest(out=tmp_path / "bundle", targets=targets, calibration=tmp_path / "calib.npz")
+    export_bundle(load_checkpoint(ckpt), request)
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert EnvConfig.from_dict(manifest["policy"]["env"]) == env_config(CARTPOLE)  # the flattening is data
-    p = cli("bench", "--bundle", "bundle", "--episodes", "2", "--latency-samples", "50", "--out", "r.json")
-    assert p.returncode == 0, p.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = bench(tmp_path / "bundle", BenchConfig(episodes=2, latency_samples=50)).to_dict()
     models: dict[str, Any] = {m["name"]: m for m in report["models"]}
     assert set(models) == {"onnx-fp32", "onnx-int8", "tflite-int8"}
     for m in models.values():

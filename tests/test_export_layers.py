@@ -23,9 +23,8 @@ import onnx
 import pytest
 import torch
 from conftest import assert_absent
+from export_files import check_manifest_records, inspect_int8, tflite_io_dtypes, tflite_layers
 from onnx import numpy_helper
-from test_export_onnx import check_manifest_records, inspect_int8
-from test_export_tflite import io_dtypes, layers_of
 from torch import nn
 
 from quarl_edge.bundle import BundleRequest, export_bundle
@@ -154,7 +153,7 @@ def onnx_split(path: Path, layers: tuple[str, ...]) -> tuple[list[str], list[str
 def tflite_split(path: Path, layers: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(integer layers, float layers) of a .tflite file: int8 weights, input and output, or float32
     all three (nothing in between); the interpreter runs the compute ops in the policy's layer order."""
-    found = layers_of(path)
+    found = tflite_layers(path)
     assert len(found) == len(layers), found
     integer = [
         n for n, lay in zip(layers, found, strict=True) if lay.weights == lay.input == lay.output == "int8"
@@ -203,7 +202,7 @@ def test_no_float_layers_makes_every_compute_layer_int8(export: Export, which: s
     if target == "onnx-int8":
         assert inspect_int8(bundle.file(target)).float_weight_matrices == []  # no float weight is left
     elif which == "pendulum":
-        assert io_dtypes(bundle.file(target))[0] == "int8"  # the first layer is int8: so is the input
+        assert tflite_io_dtypes(bundle.file(target))[0] == "int8"  # the first layer is int8: so is the input
     print(f"\n{which} {target}, every layer int8: agreement with fp32 {bundle.agreement(target):.3f}")
 
 

@@ -166,7 +166,7 @@ def test_gate_on_a_fleet_report_passes_and_names_the_device_that_fails(
     assert suites["quarl-edge gate pendulum-sac on local"].get("failures") == "0"
     text = md.read_text()
     assert text.startswith("## quarl-edge gate: FAIL (pendulum-sac on local, local2)")
-    assert "| local2 | onnx-int8 | reward_drop | 5 | 2 | **FAIL** |" in text
+    assert "| local2 | onnx-int8 | reward_drop | 5 % | 2 % | **FAIL** |" in text
     assert "| local | onnx-int8 | reward_drop |" in text and text.count("**FAIL**") == 1
 
 

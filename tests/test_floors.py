@@ -115,28 +115,12 @@ def test_the_parser_sees_the_package() -> None:
     assert kinds == {"module", "typing", "function"}, kinds  # each kind is found (and so checked below)
 
 
-# any-policy moves fake quantization into quant/ and the algorithm table into policy/; until it lands, the
-# policy net and the deployable conversion import train/qat.py and policy/sb3.py train/hyperparams.ALGOS
-WAITING_FOR_ANY_POLICY = {"policy", "quant"}
-
-
-@pytest.mark.parametrize(
-    "floor",
-    [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason="train/ pieces move down with any-policy"))
-     if f in WAITING_FOR_ANY_POLICY else f for f in ("policy", "quant", "exporters", "runtimes")],
-)  # fmt: skip
+@pytest.mark.parametrize("floor", ["policy", "quant", "exporters", "runtimes"])
 def test_nothing_below_the_trainer_imports_train(floor: str) -> None:
     assert _crossing(floor, "train") == []
 
 
-RAY_SESSION = pytest.mark.xfail(
-    strict=True,
-    reason="tune/judge.py and tune/layers.py start Ray through study._common.ray_session until "
-    "first-hour's quarl_edge/parallel.py (start_ray, worker pools) replaces it",
-)
-
-
-@pytest.mark.parametrize("floor", [pytest.param("tune", marks=RAY_SESSION), "actorq"])
+@pytest.mark.parametrize("floor", ["tune", "actorq"])
 def test_tune_and_actorq_import_no_study(floor: str) -> None:
     assert _crossing(floor, "study") == []
 

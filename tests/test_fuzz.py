@@ -36,7 +36,7 @@ from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bench.transport import LocalTransport
 from quarl_edge.gate import GateConfig, evaluate, junit_xml, markdown_summary
 from quarl_edge.policy.net import load_checkpoint
-from quarl_edge.policy.sb3 import load_sb3_zip
+from quarl_edge.policy.sb3_zip import load_sb3_zip
 from quarl_edge.runtimes.bundlepath import rel_path, sha256_of
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
@@ -241,7 +241,7 @@ def test_fuzzed_traces_replay_or_fail_in_one_line(
 def report_doc(cartpole_bundle: Path) -> dict[str, Any]:
     """A report with every optional block: in-loop latency (--hz) and a sustained loop (--duration)."""
     return bench(
-        cartpole_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=50, hz=50, duration_s=0.2)
+        cartpole_bundle, BenchConfig(episodes=2, latency_samples=20, max_steps=50, hz=500, duration_s=0.2)
     ).to_dict()
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,15 @@ import pytest
 import torch
 from torch import nn
 
+from quarl_edge.bench.report import parse_report
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bundle import BundleRequest, export_bundle
+from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, QATLinear, convert, fake_quant_weight, qat_layers
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.train.qat import QATClock, QATLinear, convert, fake_quant_weight, qat_layers
+from quarl_edge.train.trainer import TrainConfig, train
 
 
 def _mlp() -> nn.Sequential:
@@ -85,10 +88,16 @@ CASES = [("ppo", "CartPole-v1", 600), ("dqn", "CartPole-v1", 1500), ("sac", "Pen
 def test_qat_training_checkpoint_carries_bits_ranges_and_delay(
     cli, tmp_path: Path, algo: str, env: str, steps: int
 ) -> None:
+    """The first case through `quarl-edge train --qat-bits 2 --quant-delay 200` (the options reach the
+    trainer), the others through the library it calls."""
     out = tmp_path / f"{algo}-qat"
-    proc = cli("train", "--env", env, "--algo", algo, "--steps", str(steps), "--qat-bits", "2", "--quant-delay", "200",
-               "--eval-episodes", "1", "--net-arch", "32,32", "--out", out)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    if (algo, env, steps) == CASES[0]:
+        proc = cli("train", "--env", env, "--algo", algo, "--steps", str(steps), "--qat-bits", "2",
+                   "--quant-delay", "200", "--eval-episodes", "1", "--net-arch", "32,32", "--out", out)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    else:
+        train(TrainConfig(env=env, algo=algo, out=out, steps=steps, qat=QATConfig(bits=2, delay=200),
+                          eval_episodes=1, net_arch=(32, 32)))  # fmt: skip
     meta = json.loads((out / "policy.json").read_text())
     assert meta["arch"]["qat"]["bits"] == 2 and meta["arch"]["qat"]["delay"] == 200
     assert meta["spec"]["train"]["qat"]["active"] is True
@@ -109,41 +118,35 @@ def test_qat_training_checkpoint_carries_bits_ranges_and_delay(
 @pytest.fixture(scope="module")
 def qat8_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One 8-bit QAT CartPole PPO (20k steps, delay 5k), shared by the ONNX and TFLite export tests."""
-    # (not `from tests.conftest import ROOT`: a dependency installs its own top-level `tests` package)
-    root = Path(__file__).resolve().parent.parent
     policy = tmp_path_factory.mktemp("qat8") / "policy"
-    cmd = [sys.executable, "-m", "quarl_edge.cli", "train", "--env", "CartPole-v1", "--algo", "ppo",
-           "--steps", "20000", "--qat-bits", "8", "--quant-delay", "5000", "--eval-episodes", "3",
-           "--out", str(policy)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
-    assert proc.returncode == 0, proc.stderr
+    train(TrainConfig(env="CartPole-v1", algo="ppo", out=policy, steps=20000, qat=QATConfig(bits=8, delay=5000),
+                      eval_episodes=3))  # fmt: skip
     return policy
 
 
-def _bench_and_gate(cli, bundle: Path, report: Path) -> None:
+def _bench_and_gate(bundle: Path) -> None:
     """int8 with the learned ranges acts like fp32 (agreement on the recorded states) and its reward is
     not distinguishably lower. A 20k-step CartPole policy's returns spread widely over 20 episodes
     (measured here: drops of +2.2% ONNX, +5.4% TFLite, each inside its paired 95% interval), so the
     reward bound is the interval, not a 2% point estimate; agreement is what a broken int8 fails."""
-    proc = cli("bench", "--bundle", bundle, "--episodes", "20", "--latency-samples", "100", "--out", report)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(report.read_text())
+    data = bench(bundle, BenchConfig(episodes=20, latency_samples=100)).to_dict()
     (q,) = [m for m in data["models"] if m["name"] != data["reference"]]
     assert q["agreement"]["value"] >= 0.95, q["agreement"]
     lo, hi = q["drift"]["rel_ci95"]
     assert lo <= 0.0 <= hi or q["drift"]["reward_drop_pct"] <= 2.0, q["drift"]
-    proc = cli("gate", report, "--max-reward-drop", "10%", "--min-agreement", "0.95")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = evaluate(parse_report(data), GateConfig(max_reward_drop_pct=10.0, min_agreement=0.95))
+    assert checks and all(c.passed for c in checks), [c.message for c in checks if not c.passed]
 
 
 @pytest.mark.slow
 def test_qat8_policy_exports_onnx_int8_with_learned_ranges_and_passes_the_gate(
-    cli, tmp_path: Path, qat8_policy: Path
+    tmp_path: Path, qat8_policy: Path
 ) -> None:
     policy = qat8_policy
     # no --calibration: int8 takes the ranges learned in training
-    proc = cli("export", "--policy", policy, "--to", "onnx-fp32,onnx-int8", "--out", tmp_path / "b")
-    assert proc.returncode == 0, proc.stderr
+    export_bundle(
+        load_checkpoint(policy), BundleRequest(out=tmp_path / "b", targets=("onnx-fp32", "onnx-int8"))
+    )
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     quant = next(m for m in manifest["models"] if m["name"] == "onnx-int8")["quantization"]
     assert (
@@ -154,17 +157,18 @@ def test_qat8_policy_exports_onnx_int8_with_learned_ranges_and_passes_the_gate(
     layers = qat_layers(load_checkpoint(policy).net)
     lo, hi = float(layers[0][1].act_lo), float(layers[0][1].act_hi)
     assert quant["input"]["scale"] == pytest.approx((hi - min(lo, 0.0)) / 255, rel=1e-5)
-    _bench_and_gate(cli, tmp_path / "b", tmp_path / "r.json")
+    _bench_and_gate(tmp_path / "b")
 
 
 @pytest.mark.slow
 def test_qat8_policy_exports_tflite_int8_with_learned_ranges_and_passes_the_gate(
-    cli, tmp_path: Path, qat8_policy: Path
+    tmp_path: Path, qat8_policy: Path
 ) -> None:
     pytest.importorskip("litert_torch")
     policy = qat8_policy
-    proc = cli("export", "--policy", policy, "--to", "onnx-fp32,tflite-int8", "--out", tmp_path / "b")
-    assert proc.returncode == 0, proc.stderr
+    export_bundle(
+        load_checkpoint(policy), BundleRequest(out=tmp_path / "b", targets=("onnx-fp32", "tflite-int8"))
+    )
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     quant = next(m for m in manifest["models"] if m["name"] == "tflite-int8")["quantization"]
     assert quant["ranges"].startswith("learned in quantization-aware training")
@@ -180,19 +184,18 @@ def test_qat8_policy_exports_tflite_int8_with_learned_ranges_and_passes_the_gate
         scale = (hi - lo) / 255
         assert q["scale"] == pytest.approx(scale, rel=1e-5), name
         assert abs(q["zero_point"] - (-128 - round(lo / scale))) <= 1, name
-    _bench_and_gate(cli, tmp_path / "b", tmp_path / "r.json")
+    _bench_and_gate(tmp_path / "b")
 
 
 @pytest.mark.slow
 def test_int4_onnx_export_keeps_weights_on_the_4bit_grid_and_runs_in_onnxruntime(
-    cli, tmp_path: Path, cartpole_policy: Path, cartpole_calib: Path
+    tmp_path: Path, cartpole_policy: Path, cartpole_calib: Path
 ) -> None:
     import onnx
     from onnx import numpy_helper
 
-    proc = cli("export", "--policy", cartpole_policy, "--calibration", cartpole_calib,
-               "--to", "onnx-fp32,onnx-int4", "--out", tmp_path / "b")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    export_bundle(load_checkpoint(cartpole_policy), BundleRequest(out=tmp_path / "b", targets=("onnx-fp32", "onnx-int4"),
+                                                                  calibration=cartpole_calib))  # fmt: skip
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     entry = next(m for m in manifest["models"] if m["name"] == "onnx-int4")
     assert entry["precision"] == "int4" and entry["quantization"]["int4_weight_tensors"] == 3
@@ -222,9 +225,6 @@ def test_int4_onnx_export_keeps_weights_on_the_4bit_grid_and_runs_in_onnxruntime
         off = q.copy()
         off.flat[int(np.argmax(np.abs(w)))] -= 1  # mutation: one weight a grid step off
         assert not nearest(off), layer
-    proc = cli("bench", "--bundle", tmp_path / "b", "--episodes", "5", "--latency-samples", "50",
-               "--out", tmp_path / "r.json")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = bench(tmp_path / "b", BenchConfig(episodes=5, latency_samples=50)).to_dict()
     agree = next(m for m in report["models"] if m["name"] == "onnx-int4")["agreement"]["value"]
     assert agree >= 0.9, agree  # int4 still picks fp32's action on the recorded states (measured 0.96)

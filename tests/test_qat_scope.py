@@ -14,8 +14,8 @@ from torch import nn
 
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, qat_layers
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.train.qat import QATClock, qat_layers
 from quarl_edge.train.qat_sb3 import check_separate, convert_scoped
 from quarl_edge.train.trainer import TrainConfig, train
 

@@ -27,6 +27,7 @@ from quarl_edge.runtimes import PolicyInfo, load_policy
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError, IntegrityError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.realtime import SETTINGS
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.spec import WrapperConfig
 
@@ -291,8 +292,10 @@ def test_the_control_loop_example_runs_at_a_fixed_rate(cartpole_bundle: Path, tm
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert (r["hz"], r["steps"], r["model"]) == (200.0, 40, "onnx-int8")
-    assert 0 <= r["overruns"] <= 40 and 0 < r["act_p50_us"] <= r["act_p99_us"] <= r["act_max_us"]
-    assert r["step_max_us"] >= r["act_max_us"] and r["runtime"].startswith("onnxruntime")
+    act = r["act"]
+    assert 0 <= r["overruns"] <= 40 and 0 < act["p50_us"] <= act["p99_us"] <= act["max_us"]
+    assert r["work"]["max_us"] >= act["max_us"] and r["runtime"].startswith("onnxruntime")
+    assert [s["name"] for s in r["settings"]] == list(SETTINGS)
     bad = subprocess.run([sys.executable, str(EXAMPLE), str(cartpole_bundle), "--hz", "0"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

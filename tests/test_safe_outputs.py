@@ -531,7 +531,7 @@ def test_hostile_model_names_through_bench_and_gate(cli: Any, bundle: Path, tmp_
         m["name"] = names.get(m["name"], m["name"])
     report["reference"] = names.get(report["reference"], report["reference"])
     (tmp_path / "r.json").write_text(json.dumps(report))
-    g = cli("gate", "r.json", "--max-reward-drop", "100", "--junit", "j.xml", "--markdown", "g.md")
+    g = cli("gate", "r.json", "--max-reward-drop", "100%", "--junit", "j.xml", "--markdown", "g.md")
     assert g.returncode == 0, g.stderr
     assert "\x1b" not in g.stdout + g.stderr and "[red]x[/red]\\x1b[2J" in g.stdout
     root = ET.parse(tmp_path / "j.xml").getroot()

@@ -30,7 +30,7 @@ from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import Policy
 from quarl_edge.policy.registry import env_config
-from quarl_edge.policy.sb3 import load_sb3_zip
+from quarl_edge.policy.sb3_zip import load_sb3_zip
 from quarl_edge.policy.vecnormalize import load_vecnormalize
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.envs import make_env

@@ -129,9 +129,7 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A NO from the first episodes is re-run, for real, on more paired seeds and reported beside it."""
-    import ray
-
-    from quarl_edge.study._evaluate import evaluate_task
+    from quarl_edge.parallel import Workers, pool
     from quarl_edge.study.ptq import _confirm, _export
     from quarl_edge.study.ptq_report import markdown
     from quarl_edge.zoo import suite
@@ -144,14 +142,8 @@ def test_an_int8_gate_failure_is_rechecked_on_fresh_seeds(
             Row("cartpole-ppo", "CartPole-v1", "ppo", "tflite-int8", 8, returns=[500.0] * 3)]  # fmt: skip
     cfg = StudyConfig(suite="quick", episodes=3, confirm_episodes=2)
     assert cfg.confirm_seeds == [cfg.seed + 3, cfg.seed + 4]
-    with tempfile.TemporaryDirectory(prefix="qc", dir="/tmp") as d:
-        monkeypatch.setenv("RAY_TMPDIR", d)
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        try:
-            task = ray.remote(num_cpus=1)(evaluate_task)
-            conf = _confirm(rows, cfg, task, tmp_path, {entry.name: entry.path}, None)
-        finally:
-            ray.shutdown()
+    with pool(Workers()) as jobs:  # in this process, as a study without --workers runs it
+        conf = _confirm(rows, cfg, jobs, tmp_path, {entry.name: entry.path}, None)
     assert [(c.policy, c.variant) for c in conf] == [("cartpole-ppo", "onnx-int8")]  # only the failure
     c = conf[0]
     assert c.episodes == 5 and c.fp32_mean == 500.0

@@ -115,3 +115,18 @@ def test_an_rl_zoo_folder_with_two_zips_or_none_is_one_line_and_writes_nothing(t
         with pytest.raises(InputError, match=words) as e:
             run_tune(TuneConfig(policy=folder, out=out, budget_min=5))
         assert "\n" not in str(e.value) and e.value.exit_code == 2 and not out.exists()
+
+
+def test_c_candidates_are_listed_beside_onnx_and_tflite_with_latencies(
+    tuned: tuple[TuneConfig, TuneResult],
+) -> None:
+    """An MLP on a device with a C compiler (this machine): c-fp32 and c-int8 are candidates, measured
+    like the others (issue 31)."""
+    _, result = tuned
+    by_format = {r.candidate.format for r in result.candidates}
+    assert {"onnx", "c"} <= by_format
+    c_rows = [r for r in result.candidates if r.candidate.format == "c"]
+    assert {r.candidate.precision for r in c_rows} == {"fp32", "int8"}
+    assert all(r.p50_us and r.p50_us > 0 for r in c_rows), [(r.candidate.name, r.p50_us) for r in c_rows]
+    print("\n" + "\n".join(f"{r.candidate.name}: p50 {r.p50_us:.2f} us, {r.verdict}" for r in result.candidates
+                           if r.p50_us))  # fmt: skip

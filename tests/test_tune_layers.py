@@ -41,7 +41,7 @@ def test_all_int8_passing_the_proxy_is_the_only_candidate(policy) -> None:  # ty
     found, ev = layer_search(
         policy, "onnx", 0.9, table_probe({(): 0.95}, calls), lambda: False, lambda _m: None
     )
-    assert [c.float_layers for c in found] == [()] and calls == ["onnx-int8-minmax-float[]"]
+    assert [c.float_layers for c in found] == [()] and calls == ["onnx-int8-minmax-float-none"]
     assert ev.result == "every layer int8 passes the proxy"
 
 

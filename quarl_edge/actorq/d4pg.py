@@ -80,7 +80,7 @@ class Args(ActorQArgs):
         self.validate_shared(positive=("buffer_size", "n_step"))
         if self.critic_hidden is not None and (not self.critic_hidden or min(self.critic_hidden) < 1):
             raise InputError(f"critic hidden sizes must be positive (got {self.critic_hidden})",
-                             "e.g. critic_hidden=(512, 512, 256)")  # fmt: skip
+                             "e.g. critic_hidden=(512, 512, 256)", cli_fix="e.g. --critic-hidden 512,512,256")  # fmt: skip
         if self.atoms < 2:
             raise InputError(f"need at least 2 atoms (got {self.atoms})", "e.g. atoms=51")
         if (self.v_min is None) != (self.v_max is None):

@@ -32,6 +32,7 @@ from quarl_edge.actorq.plots import plot_breakdown, plot_curve
 from quarl_edge.actorq.result import ActorQLog, CurvePoint, RoleTime, RuntimeChoice
 from quarl_edge.actorq.sessions import check_runtime
 from quarl_edge.actorq.throughput import actor_throughput, choose_runtime
+from quarl_edge.parallel import start_ray
 from quarl_edge.policy.registry import make
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json
@@ -259,8 +260,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
     t0 = time.perf_counter()
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(address=args.address, num_cpus=None if args.address else args.actors,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+        start_ray(args.address, args.actors)  # quarl_edge/parallel.py: without Ray's and JAX's notices
     ray_init_s = time.perf_counter() - t0
     RemoteActor: Any = ray.remote(num_cpus=1)(learner.actor_class)
     next_id = 0

@@ -38,9 +38,9 @@ class BenchConfig:
     """a sustained loop per model, with the board's temperature, clock and throttling (runtimes.sustained)"""
 
     def __post_init__(self) -> None:
-        # imported here: runtimes.loop and .sustained load numpy (~0.25 s), and the CLI reads this module
+        # imported here: runtimes.inloop and .sustained load numpy (~0.25 s), and the CLI reads this module
         # at start-up for its help text
-        from quarl_edge.runtimes.loop import check_hz
+        from quarl_edge.runtimes.inloop import check_hz
         from quarl_edge.runtimes.sustained import check_duration
 
         check_hz(self.hz)

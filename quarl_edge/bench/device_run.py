@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quarl_edge.bench.result import NAME_MAX, Latency, LinkTiming, in_loop_from_dict, sustained_from_dict
-from quarl_edge.runtimes.loop import InLoopStats
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.sustained import SustainedStats
 from quarl_edge.typed import (
     OMIT_NONE,
@@ -40,6 +40,16 @@ def _act_ns(v: object, name: str) -> tuple[int, ...] | None:
     return times
 
 
+def _warmed(v: object, name: str) -> tuple[bool, ...] | None:
+    """An episode's per-step warm-up flags (bench --hz): null, or true/false per step."""
+    if v is None:
+        return None
+    flags = items(v, name, MAX_STEPS_TIMED)
+    if not all(isinstance(f, bool) for f in flags):
+        raise ValueError(f"{name} holds something other than true/false")
+    return flags
+
+
 @dataclass(frozen=True)
 class Episode:
     """One closed-loop episode as the runner reports it."""
@@ -52,6 +62,10 @@ class Episode:
     error: str | None = None
     act_ns: tuple[int, ...] | None = None
     """every act() call's time in step order (bench --hz)"""
+    warmed: tuple[bool, ...] | None = None
+    """per step, whether the loop runner warmed up before it (bench --hz: every other step)"""
+    overruns: int = 0
+    """steps whose act() + env.step ended after the next deadline (bench --hz)"""
 
     def __post_init__(self) -> None:
         integer(self.seed, "seed")
@@ -59,6 +73,9 @@ class Episode:
         integer(self.length, "length")
         integer(self.nonfinite_obs, "nonfinite_obs")
         opt_text(self.error, "error", 100_000)
+        integer(self.overruns, "overruns", hi=max(self.length, len(self.act_ns or ())))
+        if self.warmed is not None and (self.act_ns is None or len(self.warmed) != len(self.act_ns)):
+            raise ValueError("warmed must have one flag per timed step (act_ns)")
 
     @property
     def finished(self) -> bool:
@@ -69,7 +86,7 @@ class Episode:
     def from_dict(cls, v: object, name: str) -> Episode:
         d = obj(v, name)
         ret = d.get("ret")  # JSON has no inf: a return that was not finite arrives as null
-        return build(cls, {**d, "ret": ret}, name, {"act_ns": _act_ns})
+        return build(cls, {**d, "ret": ret}, name, {"act_ns": _act_ns, "warmed": _warmed})
 
 
 def _replay(v: object, name: str) -> tuple[Any, ...] | None:

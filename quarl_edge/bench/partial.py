@@ -175,7 +175,10 @@ class PartialBench:
         runs = [r for r in (m.measured, result) if r]
         run = replace(base, episodes=tuple(by_seed[s] for s in self.seeds if s in by_seed),
                       peak_rss_mb=max(r.peak_rss_mb for r in runs), torch_imported=any(r.torch_imported for r in runs),
-                      env_on_host=link or base.env_on_host)  # fmt: skip
+                      env_on_host=link or base.env_on_host,
+                      # the runner's in-loop block carries the run's OS settings (its figures are made again
+                      # from every episode): the latest run's, when it paced any
+                      in_loop=result.in_loop if result is not None and result.in_loop is not None else base.in_loop)  # fmt: skip
         m.run, m.episodes = run, list(run.episodes)
         self.save()
         return run

@@ -13,10 +13,18 @@ from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.text import md_cell
 
 MARKDOWN_TITLE = "# quarl-edge bench:"
+DEFINITIONS = (
+    "drop: the mean paired reward change vs the reference, in % of |the reference's mean return|; positive = "
+    "worse whatever the sign of the returns (-200 -> -210 is a drop of +5%), and with a reference mean of 0 "
+    "in hundredths of a reward unit. agree: the share of equal actions (discrete), or 1 - mean |Δa| / action "
+    "range, each dimension's error capped at its whole range (continuous), on the bundle's recorded trace."
+)
+"""how the report's drop and agreement are defined, said once in every Markdown report (docs/usage.md too)"""
 COLUMNS = ("model", "size", "p50 us", "p99 us", "speedup", "reward", "drop", "drop 95% CI", "agree")
-IN_LOOP_COLUMNS = ("loop p99 us", "loop p99.9 us", "loop max us", "miss")
-"""with `bench --hz`: act() inside the closed-loop episodes, and the share of steps over the budget"""
-_TIMES = ("p50 us", "p99 us", "speedup", "loop p99 us", "loop p99.9 us", "loop max us", "miss")
+IN_LOOP_COLUMNS = ("loop p50 us", "loop p99 us", "loop max us", "no warm-up p50 / p99 us", "miss")
+"""with `bench --hz`: act() inside the closed-loop episodes paced at the rate (with the loop runner's warm-up;
+beside it, the steps without), and the share of warmed-up steps over the budget"""
+_TIMES = ("p50 us", "p99 us", "speedup", *IN_LOOP_COLUMNS)
 
 
 def columns(report: BenchReport) -> tuple[str, ...]:
@@ -56,14 +64,18 @@ def _row(report: BenchReport, m: ModelResult) -> list[str]:
         _f(lat.p50_us if lat else None, "{:.1f}"),
         _f(lat.p99_us if lat else None, "{:.1f}"),
         _f(m.speedup_p50_vs_ref, "{:.2f}x"),
-        f"{_f(m.reward.mean, '{:.1f}')} ± {_f(m.reward.std, '{:.1f}')}",
+        "not measured"
+        if report.reward_not_measured
+        else f"{_f(m.reward.mean, '{:.1f}')} ± {_f(m.reward.std, '{:.1f}')}",
         "ref" if m.name == report.reference else _f(drift.reward_drop_pct if drift else None, "{:+.2f}%"),
         "" if lo is None or hi is None else f"[{lo + 0.0:+.2f}%, {hi + 0.0:+.2f}%]",
         _f(m.agreement.value if m.agreement else None, "{:.3f}", ""),
     ]
     if report.has_in_loop:
         loop = m.in_loop
-        row += [_f(getattr(loop, k) if loop else None, "{:.1f}") for k in ("p99_us", "p999_us", "max_us")]
+        row += [_f(getattr(loop, k) if loop else None, "{:.1f}") for k in ("p50_us", "p99_us", "max_us")]
+        cold = (loop.no_warmup_p50_us, loop.no_warmup_p99_us) if loop else (None, None)
+        row.append("-" if cold[0] is None else f"{_f(cold[0], '{:.1f}')} / {_f(cold[1], '{:.1f}')}")
         row.append(_f(100 * loop.miss_rate if loop else None, "{:.2f}%"))
     return row
 
@@ -77,9 +89,16 @@ def in_loop_line(report: BenchReport) -> str:
     hz = report.settings.hz
     if hz is None:
         return ""
-    return (f"loop: act() timed inside the closed-loop episodes, between real env steps (env.step not "
-            f"counted); miss: share of steps whose act() took over the {1e6 / hz:.1f} us budget of "
-            f"{hz:g} Hz; tight-loop p50/p99 beside it are the best case.")  # fmt: skip
+    loops = [m.in_loop for m in report.models if m.in_loop is not None]
+    paced = loops and all(x.paced for x in loops)
+    how = (f"paced at {hz:g} Hz in the loop runner (real idle time between steps; OS settings applied: "
+           f"{', '.join(loops[0].os_settings) or 'none'}), with its warm-up before every other step: 'loop' "
+           "over those, 'no warm-up' over the others; " if paced else "")  # fmt: skip
+    overruns = sum(x.overruns for x in loops)
+    return (f"loop: act() timed inside the closed-loop episodes, {how}env.step not counted; miss: share of "
+            f"warmed-up steps whose act() took over the {1e6 / hz:.1f} us budget"
+            + (f"; {overruns} steps overran the period (act + env.step), each followed by a skip, never a burst"
+               if overruns else "") + "; tight-loop p50/p99 beside it are the best case.")  # fmt: skip
 
 
 def _reading(readings: list[ThermalReading], key: str) -> tuple[float, float] | None:
@@ -184,6 +203,19 @@ def markdown(report: BenchReport) -> str:
     if report.has_in_loop:
         first = [f"{md_cell(m.name)} {m.first_inference_ms:.2f} ms" for m in report.models]
         lines += ["", md_cell(in_loop_line(report)), "", "First call after load: " + ", ".join(first) + "."]
-    lines += ["", "drift: mean paired reward change vs the reference, as a drop in % of its mean return "
-              "(negative = better); agree: exact action match (discrete) or 1 - mean |Δa|/range (continuous)."]  # fmt: skip
+    lines += ["", DEFINITIONS]
     return "\n".join(lines) + "\n"
+
+
+def not_measured_lines(report: BenchReport) -> list[str]:
+    """A report whose reward was not measured (no env here): why, and each model's action error."""
+    if not report.reward_not_measured:
+        return []
+    out = [f"reward: not measured ({report.reward_not_measured}); latency and the action error against fp32 "
+           "on the recorded observations were"]  # fmt: skip
+    for m in report.models:
+        a = m.agreement
+        if a is not None and a.max_abs_diff is not None:
+            out.append(f"{m.name}: action error vs fp32 mean {_f(a.mean_abs_diff, '{:.4g}')}, p99 "
+                       f"{_f(a.p99_abs_diff, '{:.4g}')}, max {a.max_abs_diff:.4g} (action units, {a.samples} observations)")  # fmt: skip
+    return out

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from quarl_edge.runtimes.loop import InLoopStats
+from quarl_edge.runtimes.inloop import InLoopStats
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.sustained import SustainedStats, Window
 from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.stats import Drift
@@ -101,6 +101,11 @@ class Agreement:
     mean_abs_diff_rel: float | None = field(default=None, metadata=OMIT_NONE)
     """continuous actions: the mean |a - a_fp32| / range, so value = 1 - this"""
     samples: int = 0
+    mean_abs_diff: float | None = field(default=None, metadata=OMIT_NONE)
+    """continuous actions: the action error in action units, mean |a - a_fp32| (gate --max-action-error
+    judges max_abs_diff)"""
+    p99_abs_diff: float | None = field(default=None, metadata=OMIT_NONE)
+    max_abs_diff: float | None = field(default=None, metadata=OMIT_NONE)
 
     def __post_init__(self) -> None:
         if self.metric not in (EXACT_MATCH, RANGE_MATCH):
@@ -110,6 +115,8 @@ class Agreement:
         if (self.mean_abs_diff_rel is None) != (self.metric == EXACT_MATCH):
             raise ValueError("mean_abs_diff_rel is given exactly for continuous actions")
         opt_number(self.mean_abs_diff_rel, "mean_abs_diff_rel", lo=0, hi=1)
+        for k in ("mean_abs_diff", "p99_abs_diff", "max_abs_diff"):
+            opt_number(getattr(self, k), k, lo=0)
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,16 @@ def check_in_loop(s: InLoopStats) -> None:
     for k in ("p50_us", "p99_us", "p999_us", "max_us", "mean_us"):
         number(getattr(s, k), k, lo=0)
     opt_number(s.first_call_ms, "first_call_ms", lo=0)
+    flag(s.paced, "paced")
+    integer(s.overruns, "overruns")
+    integer(s.no_warmup_steps, "no_warmup_steps")
+    for k in ("no_warmup_p50_us", "no_warmup_p99_us"):
+        opt_number(getattr(s, k), k, lo=0)
+    opt_number(s.no_warmup_miss_rate, "no_warmup_miss_rate", lo=0, hi=1)
+    if not isinstance(s.os_settings, tuple) or not all(
+        isinstance(x, str) and len(x) <= 40 for x in s.os_settings
+    ):
+        raise ValueError("os_settings must be a list of setting names")
 
 
 def _reading(v: object, name: str) -> ThermalReading:
@@ -407,6 +424,11 @@ class BenchReport:
     resumed: Resumed | None = None
     tune: Mapping[str, object] | None = field(default=None, metadata=OMIT_NONE)
     """tune.json only: tune's own evidence, carried as read (quarl_edge.tune checks it)"""
+    reward_not_measured: str | None = field(default=None, metadata=OMIT_NONE)
+    """why no episodes ran (the policy's environment cannot run here): reward is not measured, never
+    estimated; gate judges the action error instead"""
+    source_parity: Mapping[str, object] | None = field(default=None, metadata=OMIT_NONE)
+    """the bundle manifest's fp32-vs-source parity, carried (quarl_edge/parity.py)"""
 
     def __post_init__(self) -> None:
         text(self.created, "created")
@@ -439,7 +461,7 @@ class BenchReport:
     def has_in_loop(self) -> bool:
         return self.settings.hz is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The report JSON (the format tune.json and `gate` read; NaN and inf as null)."""
         return {"format": REPORT_FORMAT, "schema_version": REPORT_VERSION, **fields_json(self)}
 
@@ -463,6 +485,8 @@ class BenchReport:
             "harness": optional(Harness.from_dict),
             "resumed": optional(lambda x, n: build(Resumed, x, n)),
             "tune": optional(lambda x, n: dict(obj(x, n))),
+            "reward_not_measured": optional(lambda x, n: text(x, n, 400)),
+            "source_parity": optional(lambda x, n: dict(obj(x, n))),
             "created": lambda x, n: x if isinstance(x, str) and x else "unknown",
             "tool_version": lambda x, n: x if isinstance(x, str) and x else "unknown",
         })  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,9 @@ from quarl_edge.devices.remote import Preflight
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.loop import InLoopStats, in_loop_stats
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
+from quarl_edge.runtimes.runner import episodes_in_loop
 from quarl_edge.runtimes.sustained import sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import drift_scale, mean_std, paired_drift
@@ -70,7 +72,7 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
     return args
 
 
-def _agreement(
+def action_agreement(
     manifest: Manifest, ref: Sequence[Any] | None, other: Sequence[Any] | None
 ) -> Agreement | None:
     """Agreement with fp32 on the trace's states (None without a trace); in [0, 1]: a continuous action's
@@ -82,8 +84,8 @@ def _agreement(
     if not pairs:
         return None
     space = manifest.policy.action_space
-    if space.is_discrete:
-        match = float(np.mean([int(a) == int(b) for a, b in pairs]))
+    if space.is_integer:  # per component for MultiDiscrete / MultiBinary actions
+        match = float(np.mean([np.mean(np.asarray(a) == np.asarray(b)) for a, b in pairs]))
         return Agreement(EXACT_MATCH, match, samples=len(pairs))
     a = np.asarray([p[0] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
     b = np.asarray([p[1] for p in pairs], dtype=np.float64).reshape(len(pairs), -1)
@@ -93,7 +95,15 @@ def _agreement(
     with np.errstate(invalid="ignore"):
         err = np.minimum(np.nan_to_num(np.abs(a - b) / rng, nan=1.0, posinf=1.0), 1.0)
     mad = float(np.mean(err))
-    return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs))
+    diff = np.nan_to_num(np.abs(a - b), nan=np.inf)  # the action error in action units (NaN: no bound)
+    return Agreement(RANGE_MATCH, 1.0 - mad, mean_abs_diff_rel=mad, samples=len(pairs),
+                     mean_abs_diff=_finite_or_none(diff.mean()),
+                     p99_abs_diff=_finite_or_none(np.percentile(diff.max(axis=1), 99)),
+                     max_abs_diff=_finite_or_none(diff.max()))  # fmt: skip
+
+
+def _finite_or_none(x: Any) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def _returns(run: DeviceRun) -> list[float | None]:
@@ -131,7 +141,8 @@ def _in_loop(run: DeviceRun, hz: float | None) -> InLoopStats | None:
     """In-loop act() latency over every episode (a resumed bench's kept ones included)."""
     if hz is None:
         return None
-    return in_loop_stats((e.act_ns for e in run.episodes), hz, run.first_inference_ms)
+    settings = run.in_loop.os_settings if run.in_loop is not None else ()
+    return episodes_in_loop(run.episodes, hz, run.first_inference_ms, settings)
 
 
 def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntry]:
@@ -198,6 +209,10 @@ def bench(
     """
     bundle = Path(bundle)
     manifest, names, ref = plan(bundle, cfg)
+    not_measured = None
+    if manifest.policy.env.family == "external":  # recorded observations stand in: no episodes to run
+        not_measured = f"the policy's environment {manifest.policy.env.id!r} cannot run here"
+        cfg = replace(cfg, episodes=0)
     if resume and partial is None:
         raise InputError("--resume needs the report path of the interrupted bench", "pass the same --out")
     stub = (
@@ -243,6 +258,8 @@ def bench(
                      for name in names),
         harness=harness(transport, startup),
         resumed=Resumed(state.resumed_episodes) if resume else None,
+        reward_not_measured=not_measured,
+        source_parity=manifest.source_parity,
     ), where, "run the bench again; if it repeats, the device's runner is not quarl-edge's")  # fmt: skip
 
 
@@ -274,7 +291,7 @@ def _model_result(name: str, run: DeviceRun, ref_run: DeviceRun, manifest: Manif
             latency=lat,
             speedup_p50_vs_ref=ref_lat.p50_us / lat.p50_us if lat and ref_lat and lat.p50_us else None,
             reward=_reward(run), drift=drift,
-            agreement=None if is_ref else _agreement(manifest, ref_run.replay_actions, run.replay_actions),
+            agreement=None if is_ref else action_agreement(manifest, ref_run.replay_actions, run.replay_actions),
             warnings=tuple(_warnings(run, unit and drift is not None)),
             env_on_host=run.env_on_host, in_loop=_in_loop(run, cfg.hz), sustained=run.sustained,
         )  # fmt: skip

@@ -1,8 +1,9 @@
 """The `quarl-edge` command line: thin commands over the library, one module per command group.
 
-pipeline.py (envs, train, record, export, bench, gate, demo), tune.py, actorq.py, devices.py (+ emulate.py),
-zoo.py and study.py each have ``register(app)``; options shared between them are in _options.py, and
-every command prints through _output.py (tables on stdout, logs on stderr, one-line errors).
+pipeline.py (envs, train, record, export, bench, gate, demo), inspect.py, tune.py, deploy.py, field.py,
+actorq.py, devices.py (+ emulate.py), zoo.py and study.py each have ``register(app)``; options shared between
+them are in _options.py, and every command prints through _output.py (tables on stdout, logs on stderr,
+one-line errors).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated
 import typer
 
 from quarl_edge import __version__, interrupts
-from quarl_edge.cli import actorq, deploy, devices, pipeline, study, tune, zoo
+from quarl_edge.cli import actorq, deploy, devices, field, inspect, pipeline, study, tune, zoo
 from quarl_edge.cli._options import DebugOpt
 
 app = typer.Typer(
@@ -40,7 +41,7 @@ def main_options(
         os.environ["QUARL_EDGE_DEBUG"] = "1"
 
 
-for group in (pipeline, tune, deploy, actorq, devices, zoo, study):
+for group in (pipeline, inspect, tune, deploy, field, actorq, devices, zoo, study):
     group.register(app)
 
 

@@ -17,14 +17,29 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks instead
 ZooOpt = Annotated[
     Path | None, typer.Option("--zoo", help="a zoo folder of your own (default: the built-in zoo)")
 ]
-AddressOpt = Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: local Ray)")]
+AddressOpt = Annotated[str | None, typer.Option("--address", help="Ray cluster address: the jobs run there")]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="jobs side by side: Ray tasks if Ray is installed, else local processes (default 1: in this process)",
+    ),
+]
+NoRayOpt = Annotated[bool, typer.Option("--no-ray", help="with --workers: local processes, never Ray")]
 PolicyOpt = Annotated[Path, typer.Option("--policy", "-p", help="checkpoint folder or SB3 / RL Zoo .zip")]
 EnvOpt = Annotated[str | None, typer.Option("--env", help="environment id (for .zip files that do not say)")]
 AlgoOpt = Annotated[str | None, typer.Option("--algo", help="algorithm of a .zip when it cannot be inferred")]
 VecNormOpt = Annotated[
     Path | None, typer.Option("--vecnormalize", help="SB3 VecNormalize .pkl to bake into the graph")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed")]
+IoOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--io", help="I/O description (io.yaml) of a policy from another framework (docs/policies.md)"
+    ),
+]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="random seed (the environment's and the network's)")]
 # None: not given, QATConfig's default stands (quant/config.py is light: read here for the help)
 QatActivationsOpt = Annotated[
     bool | None,

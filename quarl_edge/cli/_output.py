@@ -40,9 +40,17 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on stdout whose every cell is shown whole: on a narrow terminal a long name wraps onto more
+    lines (folded inside a word when it must be), never cut to "tflite-int8-mi…"; the other columns
+    keep their longest word on one line where the terminal has room for that."""
     t = Table(title=Text(clean(title)), title_justify="left")
+    longest = [max((len(w) for text in (c, *(r[i] for r in rows if i < len(r))) for w in clean(text).split()),
+                   default=1) for i, c in enumerate(columns)]  # fmt: skip
+    # borders and padding take 3 characters a column; the first column keeps 12 for its names
+    keep = sum(min(n, 24) for n in longest[1:]) + 3 * len(columns) + 1 + 12 <= out.width
     for i, c in enumerate(columns):
-        t.add_column(Text(clean(c)), justify="left" if i == 0 else "right")
+        t.add_column(Text(clean(c)), justify="left" if i == 0 else "right", overflow="fold",
+                     min_width=min(longest[i], 24) if keep and i > 0 else None)  # fmt: skip
     for r in rows:
         t.add_row(*(Text(clean(cell)) for cell in r))
     out.print(t)
@@ -91,7 +99,7 @@ def handle_errors(fn: F) -> F:
         except QuarlError as e:
             if debug_enabled():
                 raise
-            fail(str(e), e.exit_code)
+            fail(e.cli_text(), e.exit_code)  # the fix in flags where it differs from the Python one
         except KeyboardInterrupt:
             fail("interrupted", 130)
         except OSError as e:

@@ -1,5 +1,6 @@
-"""`quarl-edge devices list|show|check|trust|trust-key`: device profiles, the SSH link to them, and the
-signing keys a board trusts."""
+"""`quarl-edge devices list|show|check|setup|wheelhouse|trust|trust-key`: device profiles, the SSH link to
+them, the board's venv (from its own facts, or from a wheelhouse carried offline), and the signing keys a
+board trusts."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ NameArg = DeviceNameArg
 
 
 def register(app: typer.Typer) -> None:
-    """`devices list|show|check|trust|trust-key`, plus `devices emulate` and `devices setup` (cli/emulate.py)."""
+    """`devices list|show|check|setup|wheelhouse|trust|trust-key`, plus `devices emulate` (cli/emulate.py)."""
     from quarl_edge.cli import emulate
 
-    for name, command in (("list", list_devices), ("show", show), ("check", check), ("trust", trust),
-                          ("trust-key", trust_key)):  # fmt: skip
+    for name, command in (("list", list_devices), ("show", show), ("check", check), ("setup", setup),
+                          ("wheelhouse", wheelhouse), ("trust", trust), ("trust-key", trust_key)):  # fmt: skip
         devices_app.command(name)(handle_errors(command))
     emulate.register(devices_app)
     app.add_typer(devices_app, name="devices")
@@ -118,6 +119,77 @@ def check(
         raise typer.Exit(1)
 
 
+PackageOpt = Annotated[
+    list[str] | None, typer.Option("--package", help="extra requirement (repeatable), e.g. ale-py")
+]
+BundlePackagesOpt = Annotated[
+    Path | None, typer.Option("--bundle", help="also install what this bundle's env needs (e.g. ale-py)")
+]
+
+
+def _packages(package: list[str] | None, bundle: Path | None) -> tuple[str, ...]:
+    from quarl_edge.devices.preflight import bundle_packages
+
+    return tuple(dict.fromkeys((*(package or ()), *(bundle_packages(bundle) if bundle else ()))))
+
+
+def setup(
+    name: NameArg,
+    wheelhouse: Annotated[
+        Path | None,
+        typer.Option("--wheelhouse", help="wheels for the board, e.g. from `devices wheelhouse` on a host with "
+                     "internet (used as given); empty or missing: downloaded into it"),
+    ] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help="override the board's machine (default: asked there)")] = None,
+    python_version: Annotated[
+        str | None, typer.Option("--python-version", help="override the board's Python (default: asked there)")
+    ] = None,
+    glibc: Annotated[str | None, typer.Option("--glibc", help="override the board's glibc (default: asked there)")] = None,
+    package: PackageOpt = None,
+    bundle: BundlePackagesOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """Create a venv on the board with the runtime's wheels for its own platform (no internet needed there)."""
+    from quarl_edge.devices.setup import setup_device
+
+    result = setup_device(
+        name, wheelhouse, arch, python_version, _packages(package, bundle), log=info, glibc=glibc
+    )
+    if as_json:
+        print_json({"device": name, "python": result.python, "wheels": [w.name for w in result.wheels],
+                    "versions": result.versions()})  # fmt: skip
+        return
+    info(f"{name}: {result.shown()} import in {result.python}; next: quarl-edge devices check {name}")
+
+
+def wheelhouse(
+    folder: Annotated[Path, typer.Argument(help="a new (or empty) folder to carry to the host that reaches the board")],
+    arch: Annotated[str, typer.Option("--arch", help="the board's machine: aarch64, armv7l, x86_64")],
+    python_version: Annotated[str, typer.Option("--python-version", help="the board's Python, e.g. 3.11")],
+    glibc: Annotated[str, typer.Option("--glibc", help="the board's glibc, e.g. 2.36")],
+    package: PackageOpt = None,
+    bundle: BundlePackagesOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
+    """On a host with internet: download the wheels `devices setup --wheelhouse` installs on a board
+    (its facts as `devices setup` prints them) into a folder to carry to a host without internet."""
+    from quarl_edge.devices.board_platform import BoardPlatform
+    from quarl_edge.devices.setup import build_wheelhouse
+
+    plat = BoardPlatform(arch, python_version, glibc, home="/")
+    built = build_wheelhouse(folder, plat, _packages(package, bundle))
+    if as_json:
+        print_json({"folder": str(built.folder), "wheels": [w.name for w in built.wheels],
+                    "pins": [p.__dict__ for p in built.pins]})  # fmt: skip
+        return
+    for p in built.pins:
+        if p.version != p.host:
+            info(f"{p.name}: {p.version or 'left out'} ({p.reason})")
+    info(f"{len(built.wheels)} wheels for {plat.shown()} in {built.folder}")
+    info(f"next: carry {built.folder} to the host that reaches the board, then there: "
+         f"quarl-edge devices setup NAME --wheelhouse {built.folder}")  # fmt: skip
+
+
 def trust(
     name: NameArg,
     fingerprint: Annotated[
@@ -152,7 +224,7 @@ def trust_key(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Make a board accept only bundles signed by trusted keys, and trust this one (adds `cryptography` there if needed)."""
-    from quarl_edge.devices.setup import trust_key as run
+    from quarl_edge.devices.trust import trust_key as run
 
     t = run(name, public_key, overrides(host, user, port, identity), log=info)
     if as_json:

@@ -1,9 +1,8 @@
-"""`quarl-edge devices emulate BOARD up|down|status` and `quarl-edge devices setup NAME` (thin commands)."""
+"""`quarl-edge devices emulate BOARD up|down|status` (a thin command)."""
 
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,9 +20,8 @@ class Action(str, Enum):
 
 
 def register(devices_app: typer.Typer) -> None:
-    """Add the `emulate` and `setup` commands to the `devices` sub-app."""
+    """Add the `emulate` command to the `devices` sub-app."""
     devices_app.command("emulate")(handle_errors(emulate))
-    devices_app.command("setup")(handle_errors(setup))
 
 
 def emulate(
@@ -60,34 +58,3 @@ def emulate(
         info(f"next: quarl-edge bench --bundle BUNDLE --device {st.device}   (or: {st.ssh_command()})")
     elif action is not Action.down:
         info(f"next: quarl-edge devices emulate {st.board} up")
-
-
-def setup(
-    name: Annotated[str, typer.Argument(help="device name (see `quarl-edge devices list`)")],
-    wheelhouse: Annotated[
-        Path | None,
-        typer.Option(
-            "--wheelhouse", help="folder of the device's wheels; empty or missing: downloaded into it"
-        ),
-    ] = None,
-    arch: Annotated[str, typer.Option("--arch", help="the device's `uname -m`")] = "aarch64",
-    python_version: Annotated[str, typer.Option("--python-version", help="the device's python3")] = "3.11",
-    package: Annotated[
-        list[str] | None, typer.Option("--package", help="extra requirement (repeatable), e.g. ale-py")
-    ] = None,
-    bundle: Annotated[
-        Path | None, typer.Option("--bundle", help="also install what this bundle's env needs (e.g. ale-py)")
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Create a venv on the device and install the runtime's wheels, downloaded here (no internet needed there)."""
-    from quarl_edge.devices.preflight import bundle_packages
-    from quarl_edge.devices.setup import setup_device
-
-    packages = (*(package or ()), *(bundle_packages(bundle) if bundle else ()))
-    result = setup_device(name, wheelhouse, arch, python_version, tuple(dict.fromkeys(packages)), log=info)
-    if as_json:
-        print_json({"device": name, "python": result.python, "wheels": [w.name for w in result.wheels],
-                    "versions": result.versions()})  # fmt: skip
-        return
-    info(f"{name}: {result.shown()} import in {result.python}; next: quarl-edge devices check {name}")

@@ -19,6 +19,7 @@ from quarl_edge.cli._options import (
     EnvOpt,
     HostOpt,
     IdentityOpt,
+    IoOpt,
     JsonOpt,
     PolicyOpt,
     PortOpt,
@@ -104,7 +105,9 @@ def train(
         return
     for line in summary_lines(policy, out):
         info(line)
-    info(f"next: quarl-edge record --policy {out} --out calibration_data/{out.name}.npz")
+    info(
+        f"next: quarl-edge record --policy {_q(out)} --out {_q(Path('calibration_data') / (out.name + '.npz'))}"
+    )
 
 
 def record(
@@ -118,6 +121,7 @@ def record(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Record rollouts (observations, actions, rewards, episode boundaries, seeds) as calibration data."""
@@ -126,47 +130,80 @@ def record(
 
     cfg = RecordConfig(**given(episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps,
                                max_samples=max_samples))  # fmt: skip
-    reads = [("policy", policy), ("VecNormalize file", vecnormalize)]
-    trace = record_to_file(load_policy(policy, env, algo, vecnormalize), cfg, out, reads)
+    reads = [("policy", policy), ("VecNormalize file", vecnormalize), ("I/O description", io)]
+    trace = record_to_file(load_policy(policy, env, algo, vecnormalize, io=io), cfg, out, reads)
     if as_json:
         print_json({"out": str(out), "samples": trace.samples, "episodes": trace.episodes, "sha256": trace.sha256,
                     "mean_return": float(trace.episode_returns().mean())})  # fmt: skip
         return
     info(f"recorded {trace.samples} steps in {trace.episodes} episodes to {out} (sha256 {trace.sha256[:12]})")
-    info(
-        f"next: quarl-edge export --policy {policy} --calibration {out} --to onnx-fp32,onnx-int8 --out bundles/NAME"
-    )
+    # the env is in the calibration file's metadata: the export finds it there without --env
+    flags = _flags(("--algo", algo), ("--vecnormalize", vecnormalize), ("--io", io))
+    info(f"next: quarl-edge export --policy {_q(policy)}{flags} --calibration {_q(out)} --to onnx-fp32,onnx-int8 "
+         f"--out {_q(Path('bundles') / _stem(policy))}")  # fmt: skip
+
+
+def _q(value: object) -> str:
+    import shlex
+
+    return shlex.quote(str(value))
+
+
+def _flags(*pairs: tuple[str, object | None]) -> str:
+    """`` --flag value`` for each option the user gave, quoted for the shell, so a hint runs as printed."""
+    return "".join(f" {flag} {_q(value)}" for flag, value in pairs if value is not None)
+
+
+def _stem(policy: Path) -> str:
+    return (policy.stem if policy.suffix else policy.name) or "policy"
 
 
 def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
-    to: Annotated[str | None, typer.Option("--to", help=f"comma-separated, of {{onnx,tflite}}-{{fp32,fp16,int8}} (default {source_default('quarl_edge.bundle', 'BundleRequest', 'targets')})")] = None,
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
+    to: Annotated[str | None, typer.Option("--to", help=f"comma-separated targets, of: onnx-fp32, onnx-fp16, onnx-int8, onnx-int4, tflite-fp32, tflite-fp16, tflite-int8, c-fp32, c-int8 (default {source_default('quarl_edge.bundle', 'BundleRequest', 'targets')})")] = None,
+    calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="recorded rollouts (.npz), observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here, or a field log folder (`field pull`); repeat to merge several")] = None,
     method: Annotated[str | None, typer.Option("--method", help=f"int8 calibration: minmax, percentile, entropy (default {source_default(*EXPORT, 'calibration_method')})")] = None,
-    percentile: Annotated[float | None, typer.Option("--percentile", help=f"of --method percentile (default {source_default(*EXPORT, 'percentile')})")] = None,
+    percentile: Annotated[float | None, typer.Option("--percentile", help=f"the range kept by --method percentile, in % (default {source_default(*EXPORT, 'percentile')})")] = None,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
-    full_int8: Annotated[bool, typer.Option("--full-int8", help="quantize the input and output layers too")] = False,
+    full_int8: Annotated[bool, typer.Option("--full-int8", help="int8 of every layer: by default int8 keeps the output layer, and for vector observations the input layer, in float")] = False,
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key (ssh-keygen -t ed25519 -N '' -f KEY): sign the manifest")] = None,
+    c_prebuilt: Annotated[str | None, typer.Option("--c-prebuilt", help="c-* models: also cross-compile a shared object for these machines (aarch64, x86_64, armv7l; comma-separated)")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
-    """Export ONNX and TFLite fp32 / fp16 / int8 models into a bundle with a manifest."""
+    """Export ONNX, TFLite (fp32 / fp16 / int8) and C (fp32 / int8) models into a bundle with a manifest."""
     from quarl_edge.bundle import BundleRequest, export_bundle
     from quarl_edge.exporters.base import ExportConfig
     from quarl_edge.exporters.targets import resolve_targets
     from quarl_edge.policy.load import load_policy
 
     cfg = ExportConfig(per_channel=per_channel, float_io_layers=not full_int8,
+                       c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()),
                        **given(calibration_method=method and method.lower(), percentile=percentile))  # fmt: skip
     targets = given(targets=None if to is None else tuple(resolve_targets(to)))
-    pol = load_policy(policy, env, algo, vecnormalize)
-    reads = (("policy", policy), ("VecNormalize file", vecnormalize), ("signing key", sign))
+    recorded = next((c for c in calibration or [] if c.is_file()), None)  # its env_id, if the policy has none
+    pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=recorded)
+    reads = (
+        ("policy", policy),
+        ("VecNormalize file", vecnormalize),
+        ("I/O description", io),
+        ("signing key", sign),
+    )
     manifest = export_bundle(
         pol,
-        BundleRequest(out=out, calibration=calibration, config=cfg, reads=reads, sign_key=sign, **targets),
+        BundleRequest(
+            out=out,
+            calibration=calibration[0] if calibration else None,
+            more_calibration=tuple(calibration[1:]) if calibration else (),
+            config=cfg,
+            reads=reads,
+            sign_key=sign,
+            **targets,
+        ),  # fmt: skip
         log=info,
     )
     if as_json:
@@ -180,7 +217,7 @@ def export(
         info(
             f"signed by {signed_by(out)} (manifest.sig); boards that trust it: quarl-edge devices trust-key DEVICE KEY.pub"
         )
-    info(f"next: quarl-edge bench --bundle {out} --out reports/{out.name}.json")
+    info(f"next: quarl-edge bench --bundle {_q(out)} --out {_q(Path('reports') / (out.name + '.json'))}")
 
 
 def bench(
@@ -191,7 +228,7 @@ def bench(
     threads: Annotated[int | None, typer.Option("--threads", help="default: the device profile's default_threads")] = None,
     oversubscribe: Annotated[bool, typer.Option("--oversubscribe", help="allow --threads above the device's cores")] = False,
     env_on_host: Annotated[bool, typer.Option("--env-on-host", help="env here, only the policy on the device (per step over the link)")] = False,
-    latency_samples: Annotated[int | None, typer.Option("--latency-samples", help=f"timed single inferences per model (default {default(BenchConfig, 'latency_samples')})")] = None,
+    latency_samples: Annotated[int | None, typer.Option("--latency-samples", help=f"timed inferences per model, after warm-up (default {default(BenchConfig, 'latency_samples')})")] = None,
     max_steps: MaxStepsOpt = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="replay trace (default: the bundle's)")] = None,
@@ -240,20 +277,27 @@ def bench(
 
 
 def gate(
-    report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet)")],
-    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {MAX_REWARD_DROP_PCT:g}%)")] = None,
+    report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet), or a field report folder")],
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused); a bench report's default: {MAX_REWARD_DROP_PCT:g}%")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
-    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
-    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`, e.g. 1%")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest tight-loop p99 latency in ms, every model")] = None,
+    max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`: 1% or the fraction 0.01")] = None,
+    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="largest action error vs fp32, in action units (discrete: share of differing actions): on a bench report max |Δa| on the trace (for reports whose reward was not measured), on a field report the p99 on the robot's observations")] = None,
+    max_out_of_range: Annotated[str | None, typer.Option("--max-out-of-range", help="a field report's: largest share of observations outside the calibration range: 5% or the fraction 0.05")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write a Markdown summary here")] = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Exit 0 when every quantized model passes the thresholds, 1 when one fails, 2 for unusable input.
-    A fleet report (`bench --device a,b`): every device's models, each failure naming its device."""
+    A fleet report (`bench --device a,b`): every device's models, each failure naming its device. A field
+    report (`field report`): the deployed model's action error and out-of-range rate in the field."""
+    from quarl_edge.bench.fleet_result import FleetReport
     from quarl_edge.bench.report import read_report
+    from quarl_edge.field.gate import evaluate_field, refuse_thresholds
+    from quarl_edge.field.render import is_field_report, load_field_report
     from quarl_edge.gate import (
         GateConfig,
+        Gated,
         check_columns,
         check_rows,
         evaluate,
@@ -262,12 +306,24 @@ def gate(
     )
     from quarl_edge.tune.verify import check_tune_json
 
+    field = is_field_report(report)
+    drop = None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop")
+    # GateConfig's default drop applies to a bench report; a field report measured no reward
+    drop_given = {"max_reward_drop_pct": drop} if drop is not None or field else {}
     cfg = GateConfig(min_agreement=min_agreement, max_p99_ms=max_p99_ms,
-                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate),
-                     **given(max_reward_drop_pct=None if max_reward_drop is None else parse_percent(max_reward_drop)))  # fmt: skip
-    data = read_report(report)
-    check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
-    checks = evaluate(data, cfg)
+                     max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate, "--max-miss-rate"),
+                     max_action_error=max_action_error,
+                     max_out_of_range_pct=None if max_out_of_range is None else parse_percent(max_out_of_range, "--max-out-of-range"),
+                     **drop_given)  # fmt: skip
+    data: Gated
+    if field:
+        data = load_field_report(report)
+        checks = evaluate_field(data, cfg)
+    else:
+        refuse_thresholds(cfg, field=False)
+        data = read_report(report)
+        check_tune_json(report)  # a tune.json: its tune block, and the shipped bundle beside it, checked too
+        checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]
     if as_json:
@@ -278,6 +334,10 @@ def gate(
         info(c.message, label="FAIL", style="bold red")
     if failed:
         raise typer.Exit(1)
+    if not isinstance(data, FleetReport):
+        info("the deployed model is within the thresholds on the field's observations", label="PASS",
+             style="bold green")  # fmt: skip
+        return
     where = f" on every device ({', '.join(data.devices)})" if len(data.devices) > 1 else ""
     info(f"every quantized model is within the thresholds{where}", label="PASS", style="bold green")
 

@@ -14,8 +14,10 @@ from quarl_edge.cli._defaults import given, source_default
 from quarl_edge.cli._options import (
     AddressOpt,
     JsonOpt,
+    NoRayOpt,
     QatActivationsOpt,
     QatScopeOpt,
+    WorkersOpt,
     ZooOpt,
     int_list,
     name_list,
@@ -53,6 +55,8 @@ def study_ptq(
     bits: Annotated[str | None, typer.Option("--bits", help="weight-only bit widths, e.g. 2,3,4,8")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated zoo names")] = None,
     confirm_episodes: Annotated[int | None, typer.Option("--confirm-episodes", help="more paired episodes to re-check an int8 gate failure (default: 0 quick, 100 paper)")] = None,
+    workers: WorkersOpt = None,
+    no_ray: NoRayOpt = False,
     address: AddressOpt = None,
     out: Annotated[Path | None, out_option(f"folder for ptq.md/.csv/.json and PNG plots (default {source_default(*PTQ, 'out')})")] = None,
     zoo: ZooOpt = None,
@@ -63,7 +67,7 @@ def study_ptq(
 
     cfg = ptq.StudyConfig(episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), address=address,
                           policies=name_list(policies), confirm_episodes=confirm_episodes, zoo=zoo,
-                          **given(suite=suite or ("paper" if zoo else None), out=out))  # fmt: skip
+                          **given(suite=suite or ("paper" if zoo else None), out=out, workers=workers, ray=False if no_ray else None))  # fmt: skip
     study = ptq.run_study(cfg, progress=info)
     _show(study, ptq_report.write_outputs(study, cfg.out), as_json, f"PTQ study ({cfg.suite})", ptq_report)
 
@@ -76,6 +80,8 @@ def study_qat(
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated task names")] = None,
     qat_activations: QatActivationsOpt = None,
     qat_scope: QatScopeOpt = None,
+    workers: WorkersOpt = None,
+    no_ray: NoRayOpt = False,
     address: AddressOpt = None,
     out: Annotated[Path, out_option("folder for qat.md/.csv/.json and the PNG plot")] = Path("out/study-qat"),
     as_json: JsonOpt = False,
@@ -85,7 +91,8 @@ def study_qat(
 
     cfg = qat.QATStudyConfig(episodes=episodes, bits=int_list(bits, "--bits", "2,4,8"), steps=steps, address=address,
                              policies=name_list(policies), out=out,
-                             **given(suite=suite, activations=qat_activations, scope=qat_scope))  # fmt: skip
+                             **given(suite=suite, activations=qat_activations, scope=qat_scope, workers=workers,
+                                     ray=False if no_ray else None))  # fmt: skip
     study = qat.run_study(cfg, progress=info)
     _show(study, qat.write_outputs(study, out), as_json, f"QAT vs PTQ ({cfg.suite})", qat)
 

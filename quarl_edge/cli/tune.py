@@ -14,10 +14,12 @@ from quarl_edge.cli._options import (
     HostOpt,
     IdentityOpt,
     JsonOpt,
+    NoRayOpt,
     PolicyOpt,
     PortOpt,
     UserOpt,
     VecNormOpt,
+    WorkersOpt,
     name_list,
     out_option,
     overrides,
@@ -40,9 +42,9 @@ def tune(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("folder for tune.json/.md/.png and bundle/ (the chosen model)")],
     device: Annotated[str | None, typer.Option("--device", help=f"device profile name (default: {_default('device')})")] = None,
-    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"e.g. 2% (default {_default('max_reward_drop_pct')}%)")] = None,
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"in % of |fp32's mean return|: 2% or the fraction 0.02 (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
-    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms")] = None,
+    max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest p99 latency in ms on the device")] = None,
     budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
     episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired closed-loop episodes per candidate (default {_default('episodes')})")] = None,
@@ -55,6 +57,8 @@ def tune(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    workers: WorkersOpt = None,
+    no_ray: NoRayOpt = False,
     address: AddressOpt = None,
     sign: Annotated[Path | None, typer.Option("--sign", help="ed25519 private key: sign the candidates and the shipped bundle (for boards that accept only signed bundles)")] = None,
     as_json: JsonOpt = False,
@@ -64,11 +68,11 @@ def tune(
 
     # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
     given: dict[str, Any] = {k: v for k, v in {
-        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop),
-        "budget_min": budget_min, "episodes": episodes}.items() if v is not None}  # fmt: skip
+        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop"),
+        "budget_min": budget_min, "episodes": episodes, "workers": workers}.items() if v is not None}  # fmt: skip
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
-                     vecnormalize=vecnormalize, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
+                     vecnormalize=vecnormalize, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
     if sign is not None:  # a bad key is refused before the search, not after it
         from quarl_edge.runtimes.signing import load_private_key
 

@@ -20,13 +20,25 @@ MAX_SEED = 2**31 - 1  # environments take non-negative 32-bit seeds
 MAX_EPISODES = 100_000
 
 
-def parse_percent(text: str) -> float:
-    """'2%', '2' -> 2.0 (percent); the range is the limit's own check."""
-    t = text.strip().rstrip("%").strip()
+def parse_percent(text: str, flag: str = "--max-reward-drop") -> float:
+    """A percent flag's value, in percent. One rule for every such flag (gate's --max-reward-drop,
+    --max-miss-rate and --max-out-of-range, tune's --max-reward-drop): ``2%`` is a percentage; a bare number
+    is a fraction of one, ``0.02`` = 2%, as the report's own fractions (miss_rate) are written; a bare number
+    above 1 is refused, since ``2`` could mean 2% or 200%. A non-finite value is returned for the limit's
+    own check to refuse by name."""
+    t = text.strip()
+    percent = t.endswith("%")
     try:
-        return float(t)
+        value = float(t[:-1].strip() if percent else t)
     except ValueError:
-        raise InputError(f"not a percentage: {text!r}", "write it like 2% or 2.5") from None
+        raise InputError(f"{flag} {text.strip()[:40]!r} is not a percentage",
+                         f"write it like {flag} 2% (or as a fraction of one: {flag} 0.02)") from None  # fmt: skip
+    if percent or not math.isfinite(value):
+        return value
+    if abs(value) > 1:
+        raise InputError(f"{flag} {t} is ambiguous: {value:g}% or {100 * value:g}%?",
+                         f"write {flag} {value:g}% (a percentage), or a fraction of one: {flag} {value / 100:g}")  # fmt: skip
+    return 100 * value
 
 
 def finite(value: object, flag: str, example: str) -> float:
@@ -82,6 +94,22 @@ def check_max_miss_rate(pct: object) -> None:
     if not 0 <= v <= 100:
         raise InputError(
             f"--max-miss-rate must be between 0% and 100% (got {v:g}%)", "e.g. --max-miss-rate 1%"
+        )
+
+
+def check_max_action_error(value: object) -> None:
+    """--max-action-error: action units (continuous) or a share of differing actions (discrete), >= 0."""
+    v = finite(value, "--max-action-error", "0.05")
+    if v < 0:
+        raise InputError(f"--max-action-error must be >= 0 (got {v:g})", "e.g. --max-action-error 0.05")
+
+
+def check_max_out_of_range(pct: object) -> None:
+    """--max-out-of-range: a field report's share of observations outside the calibration range, 0%..100%."""
+    v = finite(pct, "--max-out-of-range", "5%")
+    if not 0 <= v <= 100:
+        raise InputError(
+            f"--max-out-of-range must be between 0% and 100% (got {v:g}%)", "e.g. --max-out-of-range 5%"
         )
 
 

@@ -1,12 +1,13 @@
-"""One entry point for "a policy": a quarl-edge checkpoint folder, an SB3 / RL Zoo .zip, or an RL Zoo /
-Hugging Face model folder as downloaded (one .zip, its vec_normalize.pkl beside it)."""
+"""One entry point for "a policy": the importer registry (policy/importers.py) picks the importer for a
+path (a quarl-edge checkpoint, an SB3 / sb3-contrib / RL Zoo zip or folder, an rsl_rl checkpoint) and
+each yields the same Policy."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from quarl_edge.policy.net import Policy, is_checkpoint, load_checkpoint
-from quarl_edge.runtimes.errors import InputError
+from quarl_edge.policy.importers import LoadOptions, detect
+from quarl_edge.policy.net import Policy
 
 
 def load_policy(
@@ -14,49 +15,33 @@ def load_policy(
     env_id: str | None = None,
     algo: str | None = None,
     vecnormalize: str | Path | None = None,
+    *,
+    io: str | Path | None = None,
+    calibration: str | Path | None = None,
 ) -> Policy:
+    """``calibration``: a recorded trace whose metadata names the env, for a policy that does not."""
     path = Path(path)
-    if path.is_dir() and not is_checkpoint(path):
-        return _load_zoo_folder(path, env_id, algo, vecnormalize)
-    if path.is_dir():
-        if vecnormalize:
-            raise InputError(
-                "--vecnormalize applies to SB3 .zip files only", "checkpoints carry their normalization"
-            )
-        return load_checkpoint(path)
-    if path.suffix == ".zip":
-        from quarl_edge.policy.sb3 import load_sb3_zip
-
-        return load_sb3_zip(path, env_id=env_id, algo=algo, vecnormalize=vecnormalize)
-    if not path.exists():
-        raise InputError(f"policy {str(path)!r} does not exist", "pass a checkpoint folder or an SB3 .zip")
-    raise InputError(
-        f"{str(path)!r} is neither a quarl-edge checkpoint folder nor an SB3 .zip",
-        "pass a folder written by `quarl-edge train` or a .zip saved by SB3",
+    opts = LoadOptions(
+        env_id=env_id,
+        algo=algo,
+        vecnormalize=Path(vecnormalize) if vecnormalize else None,
+        io=Path(io) if io else None,
+        env_hint=env_of_trace(Path(calibration)) if calibration else None,
+        env_hint_from="calibration file metadata",
     )
+    return detect(path).load(path, opts)
 
 
-def _load_zoo_folder(
-    path: Path, env_id: str | None, algo: str | None, vecnormalize: str | Path | None
-) -> Policy:
-    """An RL Zoo / Hugging Face folder: exactly one model .zip, and the VecNormalize statistics saved
-    beside it (``vec_normalize.pkl``) unless --vecnormalize names others. The algorithm and env come
-    from the zip or its RL Zoo name (``ppo-CartPole-v1.zip``), else from the folder's (``ppo-CartPole-v1``)."""
-    from quarl_edge.policy.sb3 import load_sb3_zip, names_from_filename
+def env_of_trace(path: Path) -> str | None:
+    """The env id a trace file records (None when the file is missing or unreadable: whatever uses it
+    later reports that in its own words)."""
+    from quarl_edge.runtimes.errors import QuarlError
+    from quarl_edge.runtimes.trace import load_trace
 
-    zips = sorted(p for p in path.glob("*.zip") if p.is_file())
-    if not zips:
-        raise InputError(
-            f"{str(path)!r} is neither a quarl-edge checkpoint (no policy.json) nor an RL Zoo folder (no .zip)",
-            "pass a folder written by `quarl-edge train`, an SB3 .zip, or an RL Zoo model folder",
-        )
-    if len(zips) > 1:
-        raise InputError(
-            f"{str(path)!r} holds {len(zips)} model zips ({', '.join(z.name for z in zips[:4])})",
-            "pass the one to use: --policy FOLDER/NAME.zip",
-        )
-    stats = path / "vec_normalize.pkl"
-    vn = vecnormalize if vecnormalize else (stats if stats.is_file() else None)
-    if env_id is None and names_from_filename(zips[0])[1] is None:
-        env_id = names_from_filename(Path(path.name + ".zip"))[1]  # the folder's RL Zoo name
-    return load_sb3_zip(zips[0], env_id=env_id, algo=algo, vecnormalize=vn)
+    if not path.is_file():
+        return None
+    try:
+        env = load_trace(path).meta.get("env_id")
+    except QuarlError:
+        return None
+    return env if isinstance(env, str) and env else None

@@ -12,7 +12,8 @@ import io
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,14 @@ from torch import nn
 
 from quarl_edge.policy.format import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, convert
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
-from quarl_edge.runtimes.spec import PolicySpec
-from quarl_edge.train.qat import QATClock, convert
+from quarl_edge.runtimes.schema import JSONObject
+from quarl_edge.runtimes.spec import PolicySpec, StateSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -36,7 +38,12 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "elu": nn.ELU,
     "leaky_relu": nn.LeakyReLU,
 }
-HEADS = ("argmax", "clip", "tanh_unscale", "identity")
+HEADS = ("argmax", "clip", "tanh_unscale", "identity", "multi_argmax", "binary")
+RECURRENT = ("lstm", "gru")
+STATE_NAMES = {"lstm": (("h_in", "h_out"), ("c_in", "c_out")), "gru": (("h_in", "h_out"),)}
+"""graph input and output names of the recurrent state, as Isaac Lab's rsl_rl exporter names them"""
+MASKED_LOGIT = -1e8
+"""what a masked-out action's logit becomes (sb3-contrib's MaskableCategorical: HUGE_NEG)"""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class NetArch:
 
     head: ``argmax`` (discrete: logits or Q-values -> action index), ``clip`` (Gaussian mean clipped to
     the action bounds, as SB3 PPO/A2C predict), ``tanh_unscale`` (SAC/TD3/DDPG: tanh then rescale from
-    [-1, 1] to the action bounds), ``identity``.
+    [-1, 1] to the action bounds), ``identity``, ``multi_argmax`` (MultiDiscrete: an argmax per
+    component over its slice of the logits), ``binary`` (MultiBinary: logit > 0, Bernoulli's mode).
     """
 
     model: str  # "mlp" | "nature_cnn"
@@ -61,6 +69,13 @@ class NetArch:
     qat: QATConfig | None = None
     """set for quantization-aware-trained policies (bits, activations, delay, ...); the net then runs
     with fake quantization (weights on the n-bit grid, activations over the ranges learned in training)"""
+    action_mask: bool = False
+    """the graph takes an action mask (1 allowed, 0 not, one per logit) as a second input (MaskablePPO)"""
+    recurrent: str | None = None
+    """``lstm`` or ``gru``: a recurrent cell between the (normalized) features and the MLP, one step per
+    call, its state an explicit input and output of the graph (RecurrentPPO, rsl_rl's RNN models)"""
+    rnn_hidden: int = 0
+    rnn_layers: int = 1
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "nature_cnn"):
@@ -71,8 +86,14 @@ class NetArch:
             )
         if self.head not in HEADS:
             raise InputError(f"unsupported action head {self.head!r}", f"supported: {', '.join(HEADS)}")
+        if self.recurrent is not None and (self.recurrent not in RECURRENT or self.rnn_hidden < 1
+                                           or self.rnn_layers < 1 or self.model != "mlp"):  # fmt: skip
+            raise InputError(f"unsupported recurrent cell {self.recurrent!r} ({self.rnn_layers} x {self.rnn_hidden})",
+                             f"supported: {', '.join(RECURRENT)} after an MLP policy's features")  # fmt: skip
+        if self.action_mask and self.head not in ("argmax", "multi_argmax"):
+            raise InputError(f"an action mask with the {self.head!r} head", "masks apply to discrete actions")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
         d["qat"] = self.qat.to_dict() if self.qat else None
@@ -93,7 +114,14 @@ class NetArch:
         )
         for k in ("model", "activation", "head"):
             d[k] = schema.text(d.get(k), f"checkpoint arch {k}", fix, 64)
-        for k in ("scale_uint8", "obs_norm"):
+        if d.get("recurrent") is not None and d["recurrent"] not in RECURRENT:
+            raise InputError(
+                f"checkpoint arch recurrent {str(d['recurrent'])[:20]!r} is not lstm or gru", fix
+            )
+        for k in ("rnn_hidden", "rnn_layers"):
+            if k in d:
+                d[k] = schema.integer(d[k], f"checkpoint arch {k}", fix, 0, 65_536)
+        for k in ("scale_uint8", "obs_norm", "action_mask"):
             if not isinstance(d.get(k, False), bool):
                 raise InputError(f"checkpoint arch {k} is not true/false", fix)
         for k in ("norm_clip", "norm_eps"):
@@ -112,9 +140,47 @@ class NetArch:
             steps.append("scale_uint8")
         if self.obs_norm:
             steps.append("obs_normalize")
+        if self.recurrent:
+            steps.append(self.recurrent)
         steps.append(self.model if not self.qat else f"{self.model}[qat{self.qat.bits}]")
+        if self.action_mask:
+            steps.append("action_mask")
         steps.append(self.head)
         return tuple(steps)
+
+
+class RecurrentStep(nn.Module):
+    """One step of a (multi-layer) LSTM or GRU written with Linear layers, so that exporters see plain
+    matrix products (int8-quantizable like any layer) and the state stays an explicit input/output.
+    State tensors are [layers, batch, hidden] (torch's and rsl_rl's layout). Gate order is torch's:
+    LSTM (input, forget, cell, output), GRU (reset, update, new)."""
+
+    def __init__(self, cell: str, in_dim: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.cell, self.hidden, self.layers = cell, hidden, layers
+        gates = 4 if cell == "lstm" else 3
+        for i in range(layers):  # registered in the order the graph runs them: ih0, hh0, ih1, ...
+            setattr(self, f"ih{i}", nn.Linear(in_dim if i == 0 else hidden, gates * hidden))
+            setattr(self, f"hh{i}", nn.Linear(hidden, gates * hidden))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        hs, cs = [], []
+        for i in range(self.layers):
+            gi, gh = getattr(self, f"ih{i}")(x), getattr(self, f"hh{i}")(h[i])
+            if self.cell == "lstm":
+                assert c is not None
+                ig, fg, gg, og = torch.chunk(gi + gh, 4, dim=1)
+                ci = torch.sigmoid(fg) * c[i] + torch.sigmoid(ig) * torch.tanh(gg)
+                x = torch.sigmoid(og) * torch.tanh(ci)
+                cs.append(ci)
+            else:
+                ir, iz, inn = torch.chunk(gi, 3, dim=1)
+                hr, hz, hn = torch.chunk(gh, 3, dim=1)
+                r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+                x = (1 - z) * torch.tanh(inn + r * hn) + z * h[i]
+            hs.append(x)
+        out = (x, torch.stack(hs))
+        return (*out, torch.stack(cs)) if self.cell == "lstm" else out
 
 
 class PolicyNet(nn.Module):
@@ -153,6 +219,9 @@ class PolicyNet(nn.Module):
             in_dim = arch.cnn_features
         else:
             in_dim = int(np.prod(obs_shape)) if obs_shape else 1
+        if arch.recurrent:
+            self.rnn = RecurrentStep(arch.recurrent, in_dim, arch.rnn_hidden, arch.rnn_layers)
+            in_dim = arch.rnn_hidden
         layers: list[nn.Module] = []
         for h in arch.hidden:
             layers += [nn.Linear(in_dim, h), act_cls()]
@@ -161,12 +230,14 @@ class PolicyNet(nn.Module):
         self.out = nn.Linear(in_dim, arch.out_dim)
         if arch.qat:
             convert(self, arch.qat, QATClock(delay=0))  # deployed: fake quantization on from step 0
+        self.nvec = [int(v) for v in spec.action_space.nvec or ()]
+        self.action_shape = tuple(spec.action_space.shape)
         if arch.head in ("clip", "tanh_unscale"):
             low, high = bounds(spec.action_space)
             self.register_buffer("act_low", torch.as_tensor(low, dtype=torch.float32).reshape(-1))
             self.register_buffer("act_high", torch.as_tensor(high, dtype=torch.float32).reshape(-1))
 
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
         if self.arch.scale_uint8:
             x = x / 255.0
@@ -174,20 +245,37 @@ class PolicyNet(nn.Module):
             x = (x - self.obs_mean) / torch.sqrt(self.obs_var + self.arch.norm_eps)
             x = torch.clamp(x, -self.arch.norm_clip, self.arch.norm_clip)
         if self.arch.model == "nature_cnn":
-            x = self.cnn_fc(self.cnn(x))
-        else:
-            x = torch.flatten(x, 1)
-        return self.mlp(x)
+            return self.cnn_fc(self.cnn(x))
+        return torch.flatten(x, 1)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self._inputs(obs))
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """The network output before the action head (logits, Q-values or pre-tanh action)."""
         return self.out(self.features(obs))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        y = self.logits(obs)
+    def forward(self, obs: torch.Tensor, *extra: torch.Tensor) -> Any:
+        """``extra``: the action mask of a masked policy, then the recurrent state (h, and c for an
+        LSTM), in graph order; a recurrent net returns (action, *state after the step)."""
+        if self.arch.recurrent:
+            mask = extra[0] if self.arch.action_mask else None
+            state = extra[1:] if self.arch.action_mask else extra
+            out = self.rnn(self._inputs(obs), *state, *([None] if len(state) == 1 else []))
+            return (self._head(self.out(self.mlp(out[0])), mask), *out[1:])
+        return self._head(self.logits(obs), extra[0] if extra else None)
+
+    def _head(self, y: torch.Tensor, action_mask: torch.Tensor | None) -> torch.Tensor:
         head = self.arch.head
+        if action_mask is not None:
+            y = torch.where(action_mask > 0.5, y, torch.full_like(y, MASKED_LOGIT))
         if head == "argmax":
             return torch.argmax(y, dim=1)
+        if head == "multi_argmax":
+            parts = [torch.argmax(p, dim=1) for p in torch.split(y, self.nvec, dim=1)]
+            return torch.stack(parts, dim=1).reshape(-1, *self.action_shape)
+        if head == "binary":
+            return (y > 0).to(torch.int64).reshape(-1, *self.action_shape)
         if head == "clip":
             return torch.minimum(torch.maximum(y, self.act_low), self.act_high)
         if head == "tanh_unscale":
@@ -203,18 +291,95 @@ class Policy:
     arch: NetArch
     net: PolicyNet
     extra: dict[str, Any] = field(default_factory=dict)
+    reference: Callable[..., np.ndarray] | None = field(default=None, repr=False, compare=False)
+    """the source's own deterministic actions for raw observations [N, ...] and action masks [N, logits]
+    or None (an imported zip: SB3's ``predict``), what the exported fp32 models are checked against;
+    None: the torch module itself"""
+    reference_name: str = "the checkpoint's torch module"
+    source_model: bytes | None = field(default=None, repr=False, compare=False)
+    """a foreign ONNX policy's graph (policy/onnx_source.py): the fp32 model the ONNX exporters copy and
+    quantize; None: the torch module is exported"""
 
-    def predict(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for a batch of observations (numpy in, numpy out)."""
+    def predict(
+        self,
+        obs: np.ndarray,
+        action_mask: np.ndarray | None = None,
+        episode_starts: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Actions for a batch of observations (numpy in, numpy out); ``action_mask`` [N, logits] for a
+        masked policy (None: every action allowed). A recurrent policy takes the rows as one sequence of
+        steps, its state zeroed at row 0 and wherever ``episode_starts`` is true."""
+        return self.run_sequence(obs, action_mask, episode_starts)[0]
+
+    def _mask(self, n: int, action_mask: np.ndarray | None) -> list[torch.Tensor]:
+        if not self.arch.action_mask:
+            return []
+        size = self.spec.action_space.logits
+        m = np.ones((n, size), np.float32) if action_mask is None else np.asarray(action_mask, np.float32)
+        return [torch.as_tensor(m.reshape(n, size))]
+
+    def zero_state(self, batch: int = 1) -> list[torch.Tensor]:
+        a = self.arch
+        if not a.recurrent:
+            return []
+        return [torch.zeros(a.rnn_layers, batch, a.rnn_hidden) for _ in STATE_NAMES[a.recurrent]]
+
+    def run_sequence(
+        self,
+        obs: np.ndarray,
+        action_mask: np.ndarray | None = None,
+        episode_starts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(actions, the state fed at each row: one [N, layers, hidden] array per state tensor)."""
+        x = torch.as_tensor(np.asarray(obs))
+        masks = self._mask(len(x), action_mask)
         with torch.no_grad():
-            return self.net(torch.as_tensor(np.asarray(obs))).numpy()
+            if not self.arch.recurrent:
+                return self.net(x, *masks).numpy(), []
+            starts = np.zeros(len(x), bool) if episode_starts is None else np.asarray(episode_starts, bool)
+            state = self.zero_state()
+            actions, fed = [], []
+            for i in range(len(x)):
+                if i == 0 or starts[i]:
+                    state = self.zero_state()
+                fed.append([t[:, 0].numpy().copy() for t in state])
+                out = self.net(x[i : i + 1], *[m[i : i + 1] for m in masks], *state)
+                actions.append(out[0].numpy()[0])
+                state = list(out[1:])
+        return np.stack(actions), [np.stack([f[j] for f in fed]) for j in range(len(state))]
 
-    def act(self, obs: np.ndarray) -> Any:
-        a = self.predict(np.asarray(obs)[None])[0]
-        return int(a) if self.spec.action_space.is_discrete else a.astype(np.float32)
+    def reset(self) -> None:
+        """A new episode: the recurrent state back to zeros."""
+        self._state: list[torch.Tensor] = self.zero_state()
+
+    def act(self, obs: np.ndarray, action_mask: np.ndarray | None = None) -> Any:
+        x = torch.as_tensor(np.asarray(obs)[None])
+        masks = self._mask(1, None if action_mask is None else np.asarray(action_mask)[None])
+        with torch.no_grad():
+            if self.arch.recurrent:
+                state = getattr(self, "_state", None) or self.zero_state()
+                out = self.net(x, *masks, *state)
+                self._state = list(out[1:])
+                a = out[0].numpy()[0]
+            else:
+                a = self.net(x, *masks).numpy()[0]
+        space = self.spec.action_space
+        if space.is_discrete:
+            return int(a)
+        return a.astype(np.int64 if space.is_integer else np.float32)
+
+
+def state_specs(arch: NetArch) -> tuple[StateSpec, ...]:
+    """The graph's recurrent state inputs/outputs for ``arch`` ([layers, 1, hidden] each)."""
+    if not arch.recurrent:
+        return ()
+    return tuple(
+        StateSpec(i, o, (arch.rnn_layers, 1, arch.rnn_hidden)) for i, o in STATE_NAMES[arch.recurrent]
+    )
 
 
 def build_policy(spec: PolicySpec, arch: NetArch, state: dict[str, torch.Tensor] | None = None) -> Policy:
+    spec = replace(spec, state=state_specs(arch))  # the graph's state inputs follow from the architecture
     net = PolicyNet(arch, spec)
     if state is not None:
         missing, unexpected = net.load_state_dict(state, strict=False)

@@ -108,10 +108,16 @@ def _dmc_entry(env_id: str) -> EnvEntry:
     return EnvEntry(env_id, "dmc", "dmc", "mlp")
 
 
+ROBOTICS_PREFIXES = ("Fetch", "PointMaze_", "AntMaze_", "HandManipulate", "HandReach", "AdroitHand")
+"""gymnasium-robotics' task families (goal-conditioned Dict observations); the package registers them"""
+
+
 def entry(env_id: str) -> EnvEntry:
     env_id = resolve_id(env_id)
     if env_id in BUILTIN:
         return BUILTIN[env_id]
+    if env_id.startswith(ROBOTICS_PREFIXES):
+        return EnvEntry(env_id, "robotics", "robotics", "mlp")
     if env_id.startswith("ALE/"):
         return EnvEntry(env_id, "atari", "atari", "nature_cnn")
     if env_id.startswith(DMC_PREFIX):
@@ -144,6 +150,8 @@ def env_config(env_id: str) -> EnvConfig:
         flat = _dmc_flattening(e.id)  # a fresh copy: the cached kwargs are never handed out
         wrapper = WrapperConfig(flat.name, {k: list(v) for k, v in flat.kwargs.items()})
         return EnvConfig(id=e.id, family="dmc", wrappers=(wrapper,), imports=DMC_IMPORTS)
+    if e.family == "robotics":
+        return EnvConfig(id=e.id, family="robotics", imports=("gymnasium_robotics",))
     return EnvConfig(id=e.id, family=e.family)
 
 

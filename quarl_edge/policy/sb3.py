@@ -1,44 +1,30 @@
-"""Stable-Baselines3 policies -> PolicyNet: from a live model (our trainer) or an SB3 / RL Zoo .zip.
-
-Zips are read without executing pickled code: the ``data`` member is JSON, the weights are
-``torch.load(weights_only=True)``, and a VecNormalize ``.pkl`` goes through an unpickler that only
-rebuilds numpy arrays and turns every other object into an inert record.
+"""Stable-Baselines3 / sb3-contrib state dicts -> PolicyNet: from a live model (our trainer) or from the
+weights of a zip (policy/sb3_zip.py reads those). Where each algorithm keeps its deterministic policy is
+the table in policy/algos.py; what does not map one to one onto a PolicyNet layer is folded here:
+CrossQ's BatchRenorm (an affine map in eval mode) into the Linear after it, QR-DQN's mean over
+quantiles into its output layer, ARS's bias-free layers get a zero bias.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
 import re
-import struct
-import zipfile
-import zlib
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces as gym_spaces
 
+from quarl_edge.policy.algos import IMPORTABLE, LAYOUTS, SQUASHED
 from quarl_edge.policy.net import NetArch, Policy, build_policy
-from quarl_edge.policy.registry import env_config, resolve_id
-from quarl_edge.policy.vecnormalize import VecNormStats, load_vecnormalize
+from quarl_edge.policy.registry import env_config
+from quarl_edge.policy.vecnormalize import VecNormStats
 from quarl_edge.quant.config import QATConfig
-from quarl_edge.runtimes.envs import make_env, space_spec
-from quarl_edge.runtimes.errors import InputError, IntegrityError
-from quarl_edge.runtimes.spec import PolicySpec, SpaceSpec
-from quarl_edge.train.hyperparams import ALGOS
+from quarl_edge.runtimes.envs import DICT_OBS, flatten_dict_wrapper, make_env, space_spec
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.spec import PolicySpec, WrapperConfig
 
-_DEFAULT_ACTIVATION = {
-    "ppo": "tanh",
-    "a2c": "tanh",
-    "dqn": "relu",
-    "sac": "relu",
-    "td3": "relu",
-    "ddpg": "relu",
-}
-_ACTIVATION_NAMES = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "LeakyReLU": "leaky_relu"}
+ACTIVATION_NAMES = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "LeakyReLU": "leaky_relu"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +37,8 @@ class SB3Parts:
     normalize_images: bool = True
     squash_output: bool = False
     qat: QATConfig | None = None
+    batch_norm_eps: float = 0.001
+    """CrossQ's BatchRenorm epsilon (sb3-contrib's default unless policy_kwargs set another)"""
 
 
 def _linear_chain(state: dict[str, torch.Tensor], prefix: str) -> list[str]:
@@ -79,29 +67,87 @@ def _features_prefix(state: dict[str, torch.Tensor], candidates: tuple[str, ...]
 def actor_layers(parts: SB3Parts) -> tuple[str, list[str], str]:
     """(features prefix, hidden layer prefixes, output layer prefix) of the deterministic actor / Q-network."""
     s, algo = parts.state, parts.algo
-    if algo in ("ppo", "a2c"):
+    layout = LAYOUTS.get(algo)
+    kind = layout.kind if layout else ""
+    if kind in ("actor_critic", "recurrent"):
         fx = _features_prefix(s, ("pi_features_extractor.", "features_extractor."))
         hidden, out = _linear_chain(s, "mlp_extractor.policy_net."), "action_net."
-    elif algo == "dqn":
-        fx = "q_net.features_extractor."
-        chain = _linear_chain(s, "q_net.q_net.")
+    elif kind in ("q", "quantile", "ars", "actor_chain"):
+        fx, net = {
+            "q": ("q_net.features_extractor.", "q_net.q_net."),
+            "quantile": ("quantile_net.features_extractor.", "quantile_net.quantile_net."),
+            "ars": ("features_extractor.", "action_net."),
+            "actor_chain": ("actor.features_extractor.", "actor.mu."),
+        }[kind]
+        chain = _linear_chain(s, net)
         if not chain:
-            raise KeyError("q_net.q_net.0.weight")
+            raise KeyError(f"{net}0.weight")
         hidden, out = chain[:-1], chain[-1]
-    elif algo == "sac":
+    elif kind in ("actor", "crossq"):
         fx = "actor.features_extractor."
         hidden, out = _linear_chain(s, "actor.latent_pi."), "actor.mu."
-    elif algo in ("td3", "ddpg"):
-        fx = "actor.features_extractor."
-        chain = _linear_chain(s, "actor.mu.")
-        if not chain:
-            raise KeyError("actor.mu.0.weight")
-        hidden, out = chain[:-1], chain[-1]
     else:
-        raise InputError(f"unsupported algorithm {algo!r}", f"supported: {', '.join(ALGOS)}")
+        raise InputError(f"unsupported algorithm {algo!r}", f"supported: {', '.join(IMPORTABLE)}")
     if f"{out}weight" not in s:
         raise KeyError(f"{out}weight")
     return fx, hidden, out
+
+
+def _renorm_before(s: dict[str, torch.Tensor], layer: str) -> str | None:
+    """The BatchRenorm module right before ``layer`` (``actor.latent_pi.4.`` -> ``actor.latent_pi.3.``;
+    ``actor.mu.`` -> the last module of latent_pi), if there is one."""
+    if layer == "actor.mu.":
+        idx = [int(m.group(1)) for k in s if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.ra_mean", k))]
+        last = max((int(m.group(1)) for k in s if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.\w+", k))),
+                   default=-1)  # fmt: skip
+        return f"actor.latent_pi.{last}." if idx and max(idx) == last else None
+    m = re.fullmatch(r"(.*\.)(\d+)\.", layer)
+    if m is None:
+        return None
+    before = f"{m.group(1)}{int(m.group(2)) - 1}."
+    return before if f"{before}ra_mean" in s else None
+
+
+def _folded(parts: SB3Parts, layer: str, quantile_actions: int | None = None) -> dict[str, torch.Tensor]:
+    """A Linear's weight and bias with what precedes or follows it folded in (float64 arithmetic):
+    CrossQ's BatchRenorm before it, in eval mode ``scale * (x - ra_mean) / sqrt(ra_var + eps) + bias``;
+    QR-DQN's mean over quantiles after its output layer; a zero bias for a bias-free layer (ARS)."""
+    s = parts.state
+    w = s[f"{layer}weight"].detach().double()
+    b = (
+        s[f"{layer}bias"].detach().double()
+        if f"{layer}bias" in s
+        else torch.zeros(w.shape[0], dtype=torch.float64)
+    )
+    bn = _renorm_before(s, layer) if parts.algo == "crossq" else None
+    if bn is not None:
+        a = s[f"{bn}scale"].double() / torch.sqrt(s[f"{bn}ra_var"].double() + parts.batch_norm_eps)
+        c = s[f"{bn}bias"].double() - s[f"{bn}ra_mean"].double() * a
+        w, b = w * a[None, :], b + w @ c
+    if quantile_actions:
+        n = quantile_actions
+        if w.shape[0] % n:
+            raise KeyError(f"{layer}weight with {w.shape[0]} rows for {n} actions")
+        # QR-DQN's output is viewed as (quantiles, actions); the greedy action maximises the mean
+        w = w.reshape(-1, n, w.shape[1]).mean(dim=0)
+        b = b.reshape(-1, n).mean(dim=0)
+    out = {"weight": w.float(), "bias": b.float()}
+    for t in ("act_lo", "act_hi", "act_seen"):  # QAT activation ranges
+        if f"{layer}{t}" in s:
+            out[t] = s[f"{layer}{t}"]
+    return out
+
+
+def _recurrent(s: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """RecurrentPPO's actor LSTM (``lstm_actor``; with shared_lstm the same module): its size."""
+    if "lstm_actor.weight_hh_l0" not in s:
+        return {}
+    layers = sum(1 for k in s if re.fullmatch(r"lstm_actor\.weight_ih_l\d+", k))
+    return {
+        "recurrent": "lstm",
+        "rnn_hidden": int(s["lstm_actor.weight_hh_l0"].shape[1]),
+        "rnn_layers": layers,
+    }
 
 
 def policy_from_parts(
@@ -123,15 +169,21 @@ def policy_from_parts(
     obs_space, act_space = base.observation_space, base.action_space
     if act_space.is_discrete:
         head = "argmax"
-    elif parts.algo in ("sac", "td3", "ddpg") or parts.squash_output:
+    elif act_space.kind == "multi_discrete":
+        head = "multi_argmax"
+    elif act_space.kind == "multi_binary":
+        head = "binary"
+    elif parts.algo in SQUASHED or parts.squash_output:
         head = "tanh_unscale"
     else:
         head = "clip"
+    quantiles = act_space.n if parts.algo == "qrdqn" and act_space.is_discrete else None
+    out_dim = quantiles or int(s[f"{out}weight"].shape[0])
     arch = NetArch(
         model="nature_cnn" if cnn else "mlp",
         hidden=tuple(int(s[f"{h}weight"].shape[0]) for h in hidden),
         activation=parts.activation,
-        out_dim=int(s[f"{out}weight"].shape[0]),
+        out_dim=out_dim,
         head=head,
         scale_uint8=bool(parts.normalize_images and obs_space.is_image),
         obs_norm=vecnorm is not None,
@@ -139,15 +191,21 @@ def policy_from_parts(
         norm_eps=float(vecnorm.epsilon) if vecnorm else 1e-8,
         cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
         qat=parts.qat,
+        action_mask=LAYOUTS[parts.algo].mask if parts.algo in LAYOUTS else False,
+        **_recurrent(s),
     )
     state: dict[str, torch.Tensor] = {}
     if cnn:
         for i in (0, 2, 4):
             _copy_layer(s, f"{fx}cnn.{i}.", f"cnn.{i}.", state)
         _copy_layer(s, f"{fx}linear.0.", "cnn_fc.0.", state)
+    for i in range(arch.rnn_layers if arch.recurrent else 0):  # RecurrentPPO's actor LSTM
+        for src, dst in (("ih", "ih"), ("hh", "hh")):
+            state[f"rnn.{dst}{i}.weight"] = s[f"lstm_actor.weight_{src}_l{i}"]
+            state[f"rnn.{dst}{i}.bias"] = s[f"lstm_actor.bias_{src}_l{i}"]
     for j, h in enumerate(hidden):
-        _copy_layer(s, h, f"mlp.{2 * j}.", state)
-    _copy_layer(s, out, "out.", state)
+        state.update({f"mlp.{2 * j}.{k}": v for k, v in _folded(parts, h).items()})
+    state.update({f"out.{k}": v for k, v in _folded(parts, out, quantiles).items()})
     spec = replace(
         base, model=arch.model, graph_steps=arch.graph_steps(), train={**base.train, **(extra_train or {})}
     )
@@ -176,15 +234,29 @@ def parts_from_model(model: Any, algo: str, qat: QATConfig | None = None) -> SB3
     act_fn = getattr(pol, "activation_fn", None) or getattr(
         getattr(pol, "actor", None), "activation_fn", None
     )
-    activation = _ACTIVATION_NAMES.get(getattr(act_fn, "__name__", ""), _DEFAULT_ACTIVATION[algo])
+    activation = ACTIVATION_NAMES.get(getattr(act_fn, "__name__", ""), LAYOUTS[algo].activation)
     return SB3Parts(
         algo=algo,
         state={k: v.detach().cpu() for k, v in pol.state_dict().items()},
         activation=activation,
         normalize_images=bool(getattr(pol, "normalize_images", True)),
-        squash_output=bool(getattr(pol, "squash_output", False)) and algo in ("ppo", "a2c"),
+        squash_output=bool(getattr(pol, "squash_output", False)) and algo not in SQUASHED,
         qat=qat,
     )
+
+
+def dict_obs_wrapper(space: Any, env_id: str) -> WrapperConfig:
+    """SB3's CombinedExtractor over vector entries is their concatenation in the Dict space's (sorted)
+    key order: the same flattening, held by the deployed policy. Image entries (a CNN per key) are not
+    rebuilt."""
+    images = [k for k, s in space.spaces.items() if len(s.shape) == 3 and s.dtype == np.uint8]
+    if images or not all(isinstance(s, gym_spaces.Box) for s in space.spaces.values()):
+        raise InputError(
+            f"{env_id!r} has Dict observations with {'image entries ' + repr(images) if images else 'non-Box entries'}",
+            "quarl-edge rebuilds MultiInputPolicy over vector entries (goal-conditioned agents, DM Control); "
+            "export the network yourself to ONNX and import it with --io",
+        )
+    return flatten_dict_wrapper(space, DICT_OBS)
 
 
 def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
@@ -192,163 +264,13 @@ def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:
     cfg = env_config(env_id)
     env = make_env(cfg)
     try:
-        obs, act = space_spec(env.observation_space), space_spec(env.action_space)
+        space = env.observation_space
+        if isinstance(space, gym_spaces.Dict):  # MultiInputPolicy: the policy flattens the env's dict
+            cfg = replace(cfg, wrappers=(*cfg.wrappers, dict_obs_wrapper(space, env_id)))
+            space = make_env(cfg).observation_space
+        obs, act = space_spec(space), space_spec(env.action_space)
     finally:
         env.close()
     return PolicySpec(
         name=name, algo=algo, model="mlp", env=cfg, observation_space=obs, action_space=act, source=source
     )
-
-
-# ---- SB3 / RL Zoo .zip import ------------------------------------------------------------------------
-
-
-_DATA_OBJECTS = ("policy_class", "observation_space", "action_space", "policy_kwargs")
-
-
-def _checked_data(data: Any, path: Path) -> dict[str, Any]:
-    """SB3's ``data`` member, with the parts we read checked for their type (a tampered or foreign zip
-    is refused in one line, not half-read)."""
-    fix = "pass a .zip saved by SB3's model.save()"
-    if not isinstance(data, dict):
-        raise IntegrityError(f"{str(path)!r}: its data member is not a JSON object", fix)
-    for key in _DATA_OBJECTS:
-        if data.get(key) is not None and not isinstance(data[key], dict):
-            raise IntegrityError(f"{str(path)!r}: data.{key} is not an object", fix)
-    return data
-
-
-def _algo_from_data(data: dict[str, Any]) -> str | None:
-    module = str((data.get("policy_class") or {}).get("__module__", ""))
-    # SB3's DDPG is TD3 with policy_delay=1 and target noise clipped to 0, sharing TD3's policy class
-    if (
-        ".td3." in module
-        and str(data.get("policy_delay")) == "1"
-        and str(data.get("target_noise_clip")) in ("0", "0.0")
-    ):
-        return "ddpg"
-    for name in ("sac", "td3", "dqn", "ddpg"):
-        if f".{name}." in module:
-            return name
-    if "common.policies" in module:
-        return "ppo" if "clip_range" in data else "a2c"
-    return None
-
-
-def names_from_filename(path: Path) -> tuple[str | None, str | None]:
-    """RL Zoo names files ``{algo}-{EnvId}.zip`` (e.g. ppo-CartPole-v1.zip, dqn-PongNoFrameskip-v4.zip)."""
-    m = re.fullmatch(r"(ppo|a2c|dqn|ddpg|td3|sac)-(.+)", path.stem, flags=re.IGNORECASE)
-    return (m.group(1).lower(), m.group(2)) if m else (None, None)
-
-
-def _space_shape(d: dict[str, Any]) -> tuple[str, tuple[int, ...], int | None]:
-    kind = "discrete" if "Discrete" in str(d.get(":type:", "")) else "box"
-    shape = tuple(int(x) for x in re.findall(r"-?\d{1,9}", str(d.get("_shape", "[]"))[:200]))
-    n = d.get("n") if kind == "discrete" else None
-    if n is not None:
-        n = int(n) if isinstance(n, int | str) and str(n).lstrip("-").isdigit() and len(str(n)) < 10 else -1
-    return kind, shape, n
-
-
-def _check_space(name: str, stored: dict[str, Any] | None, actual: SpaceSpec, env_id: str) -> None:
-    if not stored:
-        return
-    kind, shape, n = _space_shape(stored)
-    if (
-        kind != actual.kind
-        or (kind == "box" and shape != tuple(actual.shape))
-        or (kind == "discrete" and n != actual.n)
-    ):
-        want = f"Discrete({n})" if kind == "discrete" else f"Box{list(shape)}"
-        got = f"Discrete({actual.n})" if actual.is_discrete else f"Box{list(actual.shape)}"
-        raise InputError(
-            f"the .zip's {name} space is {want} but {env_id!r} has {got}",
-            "pass the environment the model was trained on with --env",
-        )
-
-
-def load_sb3_zip(
-    path: str | Path,
-    env_id: str | None = None,
-    algo: str | None = None,
-    vecnormalize: str | Path | None = None,
-) -> Policy:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"policy file {str(path)!r} does not exist", "check the path")
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = set(z.namelist())
-            if "data" not in names or "policy.pth" not in names:
-                raise InputError(
-                    f"{str(path)!r} is not a Stable-Baselines3 model (no data/policy.pth inside)",
-                    "pass a .zip saved by SB3's model.save() or a quarl-edge checkpoint folder",
-                )
-            data = json.loads(z.read("data"))
-            state = torch.load(io.BytesIO(z.read("policy.pth")), map_location="cpu", weights_only=True)
-    except zipfile.BadZipFile:
-        raise IntegrityError(
-            f"{str(path)!r} is not a valid zip file", "re-download or re-save the model"
-        ) from None
-    except pickle.UnpicklingError as e:
-        # torch's refusal is several lines that end advising weights_only=False: the one thing not to do
-        what = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "global" in ln), "")
-        raise IntegrityError(
-            f"{str(path)!r}: policy.pth holds pickled objects other than tensors; refusing to load it"
-            + (f" ({what[:160]})" if what else ""),
-            "use a zip saved by SB3 from a model you trust (its weights are plain tensors)",
-        ) from None
-    # ValueError covers bad JSON and bad UTF-8; torch.load on damaged bytes also raises the others
-    except (
-        ValueError,
-        RuntimeError,
-        EOFError,
-        IndexError,
-        struct.error,
-        zlib.error,
-    ) as e:
-        raise IntegrityError(
-            f"{str(path)!r} is damaged ({type(e).__name__}: {e})", "re-save the model"
-        ) from None
-    data = _checked_data(data, path)
-    file_algo, file_env = names_from_filename(path)
-    algo = (algo or _algo_from_data(data) or file_algo or "").lower()
-    if algo not in ALGOS:
-        raise InputError(f"cannot tell the algorithm of {str(path)!r}", f"pass --algo ({', '.join(ALGOS)})")
-    env_id = env_id or file_env
-    if not env_id:
-        raise InputError(
-            f"{str(path)!r} does not say which environment it was trained on", "pass --env ENV_ID"
-        )
-    env_id = resolve_id(env_id)
-    base = base_spec(env_id, algo, name=path.stem, source=f"sb3-zip:{path.name}")
-    _check_space("observation", data.get("observation_space"), base.observation_space, env_id)
-    _check_space("action", data.get("action_space"), base.action_space, env_id)
-    kwargs = data.get("policy_kwargs") or {}
-    act_name = re.search(r"\.(\w+)'>", str(kwargs.get("activation_fn", "")))
-    activation = _ACTIVATION_NAMES.get(act_name.group(1), "") if act_name else _DEFAULT_ACTIVATION[algo]
-    if not activation:
-        raise InputError(f"unsupported activation {kwargs.get('activation_fn')!r} in {str(path)!r}")
-    parts = SB3Parts(
-        algo=algo,
-        state=state,
-        activation=activation,
-        normalize_images=str(kwargs.get("normalize_images", True)) != "False",
-        squash_output=str(kwargs.get("squash_output", False)) == "True" and algo in ("ppo", "a2c"),
-    )
-    vn = load_vecnormalize(vecnormalize) if vecnormalize else None
-    if vn is not None and vn.mean.size != int(np.prod(base.observation_space.shape)):
-        raise InputError(
-            f"VecNormalize statistics have {vn.mean.size} values, the observation has "
-            f"{int(np.prod(base.observation_space.shape))}",
-            "pass the vecnormalize.pkl saved with this model",
-        )
-    train = {"num_timesteps": data.get("num_timesteps"), "imported_from": path.name}
-    try:
-        return policy_from_parts(parts, base, vn, extra_train=train)
-    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:  # shapes or names of policy.pth
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise IntegrityError(
-            f"{str(path)!r}: the weights in policy.pth do not fit a {algo.upper()} policy for {env_id} ({first})",
-            "pass the zip's own --env and --algo, or re-save the model",
-        ) from None

@@ -10,7 +10,7 @@ import torch
 
 from quarl_edge.policy.net import Policy, build_policy
 from quarl_edge.quant.config import QATConfig
-from quarl_edge.train.qat import fake_quant_weight, qat_layers
+from quarl_edge.quant.qat import fake_quant_weight, qat_layers
 
 Range = tuple[float, float]
 

@@ -1,4 +1,4 @@
-"""The studies' shared core: one Ray session helper, one validation of suites, episodes and bit widths,
+"""The studies' shared core (Ray: quarl_edge/parallel.py): one validation of suites, episodes and bit widths,
 env availability, the row a study fills in as it runs, and one writer for the JSON / Markdown / CSV tables.
 
 Every study has the same two calls: ``run_study(config, progress=None) -> study`` (a typed result,
@@ -11,8 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import numpy as np
 
 from quarl_edge.common.limits import check_paired_episodes
 from quarl_edge.outputs import Kind, claim
-from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
+from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.stats import mean_std, paired_drift
 from quarl_edge.study.result import VariantResult, variant_result
@@ -67,36 +66,6 @@ def unavailable(policy_dir: Path, env_id: str) -> str | None:
     except QuarlError as e:
         return f"environment not available: {e}"
     return None
-
-
-# ---- Ray -----------------------------------------------------------------------------------------------
-
-
-def import_ray(what: str = "the study") -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError(
-            f"{what} runs on Ray", "install it with: pip install 'quarl-edge[actorq]'"
-        ) from None
-    return ray
-
-
-@contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
-    """Ray, started here (local, or the cluster at ``address``) unless already up; shut down only if
-    started here. Yields the ``ray`` module."""
-    ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=address, num_cpus=None if address else num_cpus,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
-        started = True
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # ---- the result row ----------------------------------------------------------------------------------

@@ -27,8 +27,9 @@ from typing import Any
 
 from quarl_edge.actorq.result import ActorQLog, ActorQStudy, CurvePoint, RunSummary, StudyRow, read_log
 from quarl_edge.common.markdown import markdown_table
+from quarl_edge.parallel import import_ray, start_ray
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
-from quarl_edge.study._common import Progress, check_suite, claim_output, import_ray, say
+from quarl_edge.study._common import Progress, check_suite, claim_output, say
 from quarl_edge.typed import to_json
 
 WINDOW = 10
@@ -176,7 +177,7 @@ class ActorQStudyConfig:
 def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> ActorQStudy:
     suite_name, out, address, progress = cfg.suite, cfg.out, cfg.address, say(progress)
     suite = SUITES[suite_name]
-    ray = import_ray("ActorQ")
+    ray = import_ray("ActorQ", "")
     from quarl_edge.actorq.learners import learner_args, train  # torch (~4 s): after the cheap checks
 
     runs: list[RunSummary] = []
@@ -197,8 +198,9 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> Actor
                 continue
             if log is None:
                 if not started and not ray.is_initialized():
-                    ray.init(address=address, num_cpus=None if address else suite.actors, include_dashboard=False,
-                             log_to_driver=False, configure_logging=False)  # fmt: skip
+                    start_ray(
+                        address, suite.actors
+                    )  # quarl_edge/parallel.py: without Ray's and JAX's notices
                     started = True
                 progress(f"{name}: running ({task.steps:,} env steps)")
                 log, reused = train(args), False

@@ -1,7 +1,8 @@
 """`quarl-edge study ptq`: every zoo policy at fp32, fp16, int8 ONNX, int8 TFLite and weight-only n-bit
 (n = 2..8) on the same paired seeds; Markdown, CSV, JSON and PNG plots.
 
-Each (policy, variant) evaluation is a Ray task (local Ray by default, a cluster with ``address``).
+Each (policy, variant) evaluation is a job of quarl_edge/parallel.py: in this process one after another by
+default, side by side with ``workers`` > 1 (Ray tasks, or local processes), on a Ray cluster with ``address``.
 Runtime variants run through the device runner (runtimes/), torch variants through the PolicyNet.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from quarl_edge.parallel import Job, Pool, Workers, pool
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.stats import mean_ci95
 from quarl_edge.study._common import (
@@ -25,8 +27,6 @@ from quarl_edge.study._common import (
     check_bits,
     check_episodes,
     check_suite,
-    import_ray,
-    ray_session,
     unavailable,
 )
 from quarl_edge.study._evaluate import evaluate_task
@@ -45,9 +45,12 @@ class StudyConfig:
     bits: tuple[int, ...] | None = None
     """weight-only bit widths (default: 2, 4, 8 for quick, 2..8 for paper)"""
     seed: int = 2000
+    workers: int = 1
+    """evaluations side by side (1: in this process, one after another)"""
+    ray: bool | None = None
+    """None: Ray for more than one worker when it is installed; False: local processes"""
     address: str | None = None
-    """Ray cluster address; None starts a local Ray"""
-    num_cpus: int | None = None
+    """a Ray cluster for the evaluations"""
     out: Path = Path("out/study-ptq")
     policies: tuple[str, ...] | None = None
     """restrict to these zoo names"""
@@ -62,6 +65,11 @@ class StudyConfig:
         if self.confirm_episodes is not None and self.confirm_episodes < 0:
             raise InputError("--confirm-episodes must be 0 or more", "e.g. --confirm-episodes 100")
         check_bits(self.bits)
+        self.parallel  # noqa: B018 (--workers / --no-ray / --address checked before any work)
+
+    @property
+    def parallel(self) -> Workers:
+        return Workers(self.workers, self.ray, self.address)
 
     @property
     def n_episodes(self) -> int:
@@ -127,7 +135,6 @@ def _action_range(entry: ZooEntry) -> float | None:
 
 
 def run_study(cfg: StudyConfig, progress: Progress | None = None) -> PTQStudy:
-    import_ray()  # the install hint before any work
     entries = suite(cfg.suite, cfg.zoo)
     if not entries:
         where = f"zoo {str(cfg.zoo)!r}" if cfg.zoo else "the zoo"
@@ -149,9 +156,8 @@ def run_study(cfg: StudyConfig, progress: Progress | None = None) -> PTQStudy:
     pending: list[tuple[Row, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="quarl-study-") as work,
-        ray_session(cfg.address, cfg.num_cpus) as ray,
+        pool(cfg.parallel) as jobs,
     ):
-        task = ray.remote(num_cpus=1)(evaluate_task)
         for entry in entries:
             act_range = _action_range(entry)  # read once per policy
 
@@ -180,7 +186,9 @@ def run_study(cfg: StudyConfig, progress: Progress | None = None) -> PTQStudy:
             for variant, bits in [("fp32", None), ("random", None)] + [(f"w{b}", b) for b in cfg.bit_list]:
                 r = row(variant, bits)
                 r.note = no_calib if variant == "fp32" else None
-                pending.append((r, task.remote("torch", str(entry.path), variant, bits, seeds, trace)))
+                pending.append(
+                    (r, jobs.submit(evaluate_task, "torch", str(entry.path), variant, bits, seeds, trace))
+                )
             for v in RUNTIME_VARIANTS:
                 r = row(v, 16 if v.endswith("fp16") else 8)
                 r.note = no_calib if v.endswith("int8") else None
@@ -188,22 +196,24 @@ def run_study(cfg: StudyConfig, progress: Progress | None = None) -> PTQStudy:
                     r.skipped = skipped.get(v, "export failed")
                     rows.append(r)
                 else:
-                    pending.append((r, task.remote("runtime", str(bundle), v, None, seeds, trace)))
-        for i, (r, ref) in enumerate(pending):
-            res = ray.get(ref)
+                    pending.append(
+                        (r, jobs.submit(evaluate_task, "runtime", str(bundle), v, None, seeds, trace))
+                    )
+        for i, (r, job) in enumerate(pending):
+            res = job.result()
             r.returns, r.skipped, r.actions = res.returns, res.skipped, res.actions
             rows.append(r)
             if progress:
                 progress(f"[{i + 1}/{len(pending)}] {r.policy} {r.variant}")
         checkpoints = {e.name: e.path for e in entries}
-        confirmations = _confirm(rows, cfg, task, Path(work), checkpoints, progress)
+        confirmations = _confirm(rows, cfg, jobs, Path(work), checkpoints, progress)
     return summarize(rows, cfg, confirmations)
 
 
 def _confirm(
     rows: list[Row],
     cfg: StudyConfig,
-    task: Any,
+    jobs: Pool,
     work: Path,
     checkpoints: dict[str, Path],
     progress: Callable[[str], None] | None,
@@ -212,8 +222,6 @@ def _confirm(
     paired episodes (fp32 from ``checkpoints[policy]``, the variant from its bundle in ``work``): a rare
     catastrophic episode (a flipped HalfCheetah, say) can sink a 20-episode mean for fp32's own reasons.
     The verdict on all episodes together is reported next to the first one."""
-    import ray
-
     extra = cfg.confirm_seeds
     if not extra:
         return []
@@ -222,14 +230,18 @@ def _confirm(
     if not failing:
         return []
     first = {(r.policy, r.variant): r for r in rows}
-    refs: dict[tuple[str, str], Any] = {}
+    refs: dict[tuple[str, str], Job] = {}
     for policy, variant in failing:
         if (policy, "fp32") not in refs:
-            refs[(policy, "fp32")] = task.remote("torch", str(checkpoints[policy]), "fp32", None, extra)
-        refs[(policy, variant)] = task.remote("runtime", str(work / policy), variant, None, extra)
+            refs[(policy, "fp32")] = jobs.submit(
+                evaluate_task, "torch", str(checkpoints[policy]), "fp32", None, extra
+            )
+        refs[(policy, variant)] = jobs.submit(
+            evaluate_task, "runtime", str(work / policy), variant, None, extra
+        )
     if progress:
         progress(f"re-checking {len(failing)} gate failure(s) on {len(extra)} more episodes each")
-    more = {k: ray.get(ref) for k, ref in refs.items()}
+    more = {k: job.result() for k, job in refs.items()}
     out = []
     for policy, variant in failing:
         f32, var = more[(policy, "fp32")], more[(policy, variant)]

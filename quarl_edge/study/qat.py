@@ -15,6 +15,7 @@ from typing import Any
 
 from quarl_edge.common.figures import pyplot, save_png
 from quarl_edge.common.markdown import markdown_table
+from quarl_edge.parallel import Job, Workers, pool
 from quarl_edge.quant.config import MAX_BITS, QATConfig
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.study._common import (
@@ -23,8 +24,6 @@ from quarl_edge.study._common import (
     check_bits,
     check_episodes,
     check_suite,
-    import_ray,
-    ray_session,
     say,
     unavailable,
     write_tables,
@@ -84,9 +83,12 @@ class QATStudyConfig:
     delay_fraction: float = 0.25
     """quantization delay as a fraction of the training steps"""
     seed: int = 2000
+    workers: int = 1
+    """trainings and evaluations side by side (1: in this process, one after another)"""
+    ray: bool | None = None
+    """None: Ray for more than one worker when it is installed; False: local processes"""
     address: str | None = None
-    """Ray cluster address; None starts a local Ray"""
-    num_cpus: int | None = None
+    """a Ray cluster for the trainings and evaluations"""
     out: Path | None = None
     """keep the QAT trainings in ``out/runs/<task>-qat<bits>`` and reuse a finished one with the same
     settings (an interrupted paper run continues); None: a temporary folder"""
@@ -101,6 +103,11 @@ class QATStudyConfig:
         if not 0.0 <= self.delay_fraction < 1.0:
             raise InputError("the delay fraction must be in [0, 1)", "e.g. 0.25")
         _ = self.tasks  # an unknown --policies name fails here, before Ray starts
+        self.parallel  # noqa: B018 (--workers / --no-ray / --address too)
+
+    @property
+    def parallel(self) -> Workers:
+        return Workers(self.workers, self.ray, self.address)
 
     @property
     def tasks(self) -> tuple[QATTask, ...]:
@@ -184,20 +191,18 @@ def run_name(task: str, bits: int, activations: bool, scope: str) -> str:
 
 
 def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> QATStudy:
-    """Run the study (trainings and evaluations as Ray tasks); see QATStudyConfig.out for reuse."""
-    import_ray()  # the install hint before any work
+    """Run the study (trainings and evaluations as jobs of quarl_edge/parallel.py: in this process by
+    default, side by side with ``workers``); see QATStudyConfig.out for reuse."""
     log = say(progress)
     seeds = cfg.seeds
     rows: list[Row] = []
     with (
         tempfile.TemporaryDirectory(prefix="quarl-study-qat-") as tmp,
-        ray_session(cfg.address, cfg.num_cpus) as ray,
+        pool(cfg.parallel) as jobs,
     ):
         work = Path(cfg.out) / "runs" if cfg.out is not None else Path(tmp)
-        evaluate = ray.remote(num_cpus=1)(evaluate_task)
-        trainer = ray.remote(num_cpus=1)(train_task)
-        evals: list[tuple[Row, Any]] = []
-        trainings: list[tuple[Row, Any]] = []
+        evals: list[tuple[Row, Job]] = []
+        trainings: list[tuple[Row, Job | Trained]] = []
         for task in cfg.tasks:
             entry, reason = _check(task)
             if reason:
@@ -208,7 +213,7 @@ def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> QATStudy
             for variant, bits in [("fp32", None), ("random", None)] + [
                 (f"ptq{b}", b) for b in cfg.task_bits(task)
             ]:
-                ref = evaluate.remote("torch", str(entry.path), variant, bits, seeds)
+                ref = jobs.submit(evaluate_task, "torch", str(entry.path), variant, bits, seeds)
                 evals.append((Row(task.name, entry.env, entry.algo, variant, bits), ref))
             for b in cfg.task_bits(task):
                 qat = QATConfig(bits=b, delay=int(steps * cfg.delay_fraction), activations=cfg.activations,
@@ -218,19 +223,21 @@ def run_study(cfg: QATStudyConfig, progress: Progress | None = None) -> QATStudy
                 if _trained(path, steps, entry.seed, qat):
                     trainings.append((row, Trained(path=str(path))))
                     continue
-                ref = trainer.remote(entry.env, entry.algo, steps, entry.seed, qat.to_dict(), str(path))
+                ref = jobs.submit(
+                    train_task, entry.env, entry.algo, steps, entry.seed, qat.to_dict(), str(path)
+                )
                 trainings.append((row, ref))
             log(f"{task.name}: {len(cfg.task_bits(task))} QAT trainings of {steps} steps")
-        for row, ref in trainings:
-            res = ref if isinstance(ref, Trained) else ray.get(ref)
+        for row, training in trainings:
+            res = training if isinstance(training, Trained) else training.result()
             if res.path is None:
                 row.skipped = res.skipped
                 rows.append(row)
             else:  # bits=None: the QAT checkpoint already runs on its n-bit grid
-                evals.append((row, evaluate.remote("torch", res.path, "qat", None, seeds)))
+                evals.append((row, jobs.submit(evaluate_task, "torch", res.path, "qat", None, seeds)))
             log(f"trained {row.policy} {row.variant}")
-        for row, ref in evals:
-            res = ray.get(ref)
+        for row, job in evals:
+            res = job.result()
             row.returns, row.skipped = res.returns, res.skipped
             rows.append(row)
     return summarize(rows, cfg)

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-ALGOS = ("ppo", "a2c", "dqn", "ddpg", "td3", "sac")
-CONTINUOUS_ONLY = ("ddpg", "td3", "sac")
-DISCRETE_ONLY = ("dqn",)
-
 # Generic fallbacks by algorithm, then overrides by env family, then by env id.
 _BY_ALGO: dict[str, dict[str, Any]] = {
     "ppo": {"steps": 100_000, "n_envs": 8},

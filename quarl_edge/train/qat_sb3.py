@@ -14,8 +14,8 @@ from torch import nn
 
 from quarl_edge.policy.sb3 import actor_layers, parts_from_model
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock, convert, convert_layer
 from quarl_edge.runtimes.errors import InputError
-from quarl_edge.train.qat import QATClock, convert, convert_layer
 
 SCOPE_FIX = "use --qat-scope all, or an MLP policy (its actor has layers of its own)"
 

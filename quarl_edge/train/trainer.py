@@ -16,17 +16,18 @@ import numpy as np
 
 from quarl_edge import __version__
 from quarl_edge.outputs import CHECKPOINT, claim
+from quarl_edge.policy.algos import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY
 from quarl_edge.policy.format import BEST_DIR, RESUME_DIR, RESUME_FILE, SELECTION_FILE
 from quarl_edge.policy.net import Policy, save_checkpoint
 from quarl_edge.policy.registry import entry, env_config, resolve_id
 from quarl_edge.quant.config import QATConfig
+from quarl_edge.quant.qat import QATClock
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.runner import run_episodes
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.text import markup_safe
-from quarl_edge.train.hyperparams import ALGOS, CONTINUOUS_ONLY, DISCRETE_ONLY, defaults
-from quarl_edge.train.qat import QATClock
+from quarl_edge.train.hyperparams import defaults
 from quarl_edge.train.qat_sb3 import check_scope, clock_callback, convert_scoped
 
 

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.tune.config import KINDS
 
 if TYPE_CHECKING:
     from quarl_edge.bundle import Variant
 
-FORMATS = ("onnx", "tflite")
+FORMATS = ("onnx", "tflite", "c")
 PRECISIONS = ("fp32", "fp16", "int8")
 ACTIVATIONS = ("S8S8", "U8S8")
 __all__ = ["KINDS", "Candidate", "grid"]
@@ -41,12 +42,16 @@ class Candidate:
 
     @property
     def name(self) -> str:
+        """The model's name and file stem, safe in shells and file systems (letters, digits, ``. _ -``:
+        nothing a shell globs or splits): ``onnx-int8-minmax-u8s8``, ``tflite-int8-minmax-float-mlp.0``.
+        The layers kept in float come last, each after a ``-`` (module paths have none), ``-float-none``
+        for every layer int8."""
         if self.precision != "int8":
             return self.target
-        layers = "" if self.float_layers is None else "-float[" + ",".join(self.float_layers) + "]"
         act = "-u8s8" if self.activation == "U8S8" else ""
         pc = {None: "", True: "-per-channel", False: "-per-tensor"}[self.per_channel]
-        return f"{self.target}-{self.method}{layers}{act}{pc}"
+        layers = "" if self.float_layers is None else "-float-" + ("-".join(self.float_layers) or "none")
+        return f"{self.target}-{self.method}{act}{pc}{layers}"
 
     @property
     def kind(self) -> str:
@@ -65,7 +70,7 @@ class Candidate:
                            activation_type=self.activation, per_channel=self.per_channel)  # fmt: skip
         return Variant(self.name, self.target, cfg)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         int8 = self.precision == "int8"
         return {"name": self.name, "format": self.format, "precision": self.precision,
                 "calibration": self.method if int8 else None,
@@ -104,11 +109,15 @@ def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
     """fp32 and fp16 of each format, int8 of each with every calibration method (default float layers),
     and the runtime options that change an int8 model's kernels: ONNX uint8 activations (U8S8, what ORT
     prefers on x86 without VNNI) and the other weight granularity (per-channel for an MLP, per-tensor for
-    a CNN; TFLite per-tensor). The first is the reference every other is compared with."""
+    a CNN; TFLite per-tensor); C (exporters/c.py) fp32 and int8 for an MLP. The first is the reference
+    every other is compared with."""
     from quarl_edge.exporters.base import CALIBRATION_METHODS  # torch: see Candidate.variant
 
     out = []
     for fmt in formats:
+        if fmt == "c":  # MLPs only; c-int8 is onnx-int8's graph, so one calibration method is enough
+            out += [] if cnn else [Candidate(fmt, "fp32"), Candidate(fmt, "int8")]
+            continue
         out += [Candidate(fmt, "fp32"), Candidate(fmt, "fp16")]
         out += [Candidate(fmt, "int8", m) for m in CALIBRATION_METHODS]
         if fmt == "onnx":

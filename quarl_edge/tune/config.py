@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.common import limits
+from quarl_edge.parallel import Workers
 from quarl_edge.runtimes.errors import InputError
 
 KINDS = ("fp32", "fp16", "int8-default", "int8-options", "int8-layers")
@@ -46,8 +47,12 @@ class TuneConfig:
     vecnormalize: Path | None = None
     kinds: tuple[str, ...] | None = None
     """candidate families to search (KINDS); None: all. The fp32 reference is always measured"""
+    workers: int = 1
+    """probes and local closed loops side by side (quarl_edge/parallel.py); 1: in this process"""
+    ray: bool | None = None
+    """None: Ray for more than one worker when it is installed; False: local processes (--no-ray)"""
     address: str | None = None
-    """Ray cluster for the host-side probes; None: local Ray (when installed), else in process"""
+    """a Ray cluster for the host-side probes (they carry their inputs: no shared files needed)"""
     sign_key: Path | None = None
     """an ed25519 private key: the candidates bundle and the shipped bundle get a manifest.sig, so a board
     that accepts only signed bundles (devices trust-key) can measure and run them"""
@@ -68,9 +73,14 @@ class TuneConfig:
         limits.count(self.latency_samples, "latency_samples", 1, MAX_SAMPLES, "500")
         if self.max_threads is not None:
             limits.check_threads(self.max_threads, "--max-threads")
+        self.parallel  # noqa: B018 (--workers / --no-ray / --address checked here, before any work)
         unknown = [k for k in self.kinds or () if k not in KINDS]
         if unknown:
             raise InputError(f"unknown candidate kind {unknown[0]!r}", f"--kinds takes: {', '.join(KINDS)}")
+
+    @property
+    def parallel(self) -> Workers:
+        return Workers(self.workers, self.ray, self.address)
 
     def proxy(self, discrete: bool) -> float:
         """The agreement the per-layer search aims for."""

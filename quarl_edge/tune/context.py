@@ -69,7 +69,7 @@ class Search:
         got = {c.name: self.state.get("layers", c.name, c.name) for c in cands}
         todo = [c for c in cands if got[c.name] is None]
         if todo:
-            run = fan_out(self.policy, self.trace_path, self.ref_actions, self.cfg.address)
+            run = fan_out(self.policy, self.trace_path, self.ref_actions, self.cfg.parallel)
             for c, value in zip(todo, run([c.variant() for c in todo]), strict=True):
                 got[c.name] = self.state.put("layers", c.name, c.name, float(value))
         return {n: float(v) for n, v in got.items()}

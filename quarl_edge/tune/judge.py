@@ -8,9 +8,7 @@ found. Every measurement is cached under the sha256 of the model file(s) it was 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
@@ -19,13 +17,12 @@ from typing import Any
 
 from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.parallel import Pool, pool
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.stats import drift_scale
-from quarl_edge.study._common import ray_session
 from quarl_edge.tune.context import Search
 from quarl_edge.tune.records import CandidateRow, Choice, Drift, Timing
 
-MAX_PARALLEL = 4  # closed loops side by side on the local device (Ray tasks), at most
 Rows = dict[str, CandidateRow]
 
 
@@ -85,8 +82,8 @@ def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], tra
     order = [r.name for r in sorted((r for r in rows.values() if r.p50_us), key=lambda r: r.p50_us or 0.0)]
     faster = [n for n in order[: order.index(ref_name)] if _screened_out(s, rows[n]) is None]
     with ExitStack() as stack:
-        # Ray starts the first time two closed loops can run side by side, and stops with this stage
-        ray_once = functools.cache(lambda: stack.enter_context(ray_session(None)))
+        # workers start the first time two closed loops can run side by side, and stop with this stage
+        pool_once = functools.cache(lambda: stack.enter_context(pool(s.cfg.parallel)))
         for name in order:
             if name == ref_name:
                 break  # nothing faster passed: the reference is the choice
@@ -99,7 +96,7 @@ def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], tra
                 s.notes.append("budget reached before every faster candidate was judged in closed loop")
                 break
             if s.closed(name) is None:
-                _judge(s, bundle, faster[faster.index(name) :], device, transport, ray_once)
+                _judge(s, bundle, faster[faster.index(name) :], device, transport, pool_once)
             choice = _verdict(s, bundle, name, rows, device, transport)
             if choice is not None:
                 return choice
@@ -114,26 +111,23 @@ def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], tra
 
 
 def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], transport: Any,
-           ray_once: Callable[[], Any]) -> None:  # fmt: skip
-    """The closed loop of queue[0], cached; on the local device with Ray installed, the next candidates'
-    too, as Ray tasks side by side (reward does not mind sharing the machine; latency was measured
-    before, one model at a time). At most width-1 of them are wasted when queue[0] passes."""
-    width = min(os.cpu_count() or 1, MAX_PARALLEL)
-    todo = [n for n in queue if s.closed(n) is None][:width]
-    parallel = (len(todo) > 1 and device.get("transport") == "local" and s.cfg.address is None
-                and importlib.util.find_spec("ray") is not None)  # fmt: skip
+           pool_once: Callable[[], Pool]) -> None:  # fmt: skip
+    """The closed loop of queue[0], cached; on the local device with ``--workers N``, the next N-1
+    candidates' too, side by side (reward does not mind sharing the machine; latency was measured
+    before, one model at a time). At most N-1 of them are wasted when queue[0] passes. A Ray cluster
+    (``--address``) does not see this machine's bundle: its closed loops stay here."""
+    workers = s.cfg.parallel
+    todo = [n for n in queue if s.closed(n) is None][: workers.count]
+    parallel = len(todo) > 1 and device.get("transport") == "local" and workers.local
     if not parallel:
         s.put_closed(
             "closed", todo[0], _reward(s, bundle, todo[0], s.cfg.seed, s.cfg.episodes, device, transport)
         )
         return
-    ray = ray_once()
-    s.log(
-        f"closed loop: {', '.join(todo)} vs {s.reference} side by side (Ray), {s.cfg.episodes} paired episodes each"
-    )
-    task = ray.remote(num_cpus=1)(reward_task)
-    refs = [task.remote(str(bundle), n, s.reference, s.cfg.seed, s.cfg.episodes) for n in todo]
-    for n, result in zip(todo, ray.get(refs), strict=True):
+    s.log(f"closed loop: {', '.join(todo)} vs {s.reference} side by side ({workers.backend}), "
+          f"{s.cfg.episodes} paired episodes each")  # fmt: skip
+    calls = [(str(bundle), n, s.reference, s.cfg.seed, s.cfg.episodes) for n in todo]
+    for n, result in zip(todo, pool_once().map(reward_task, calls), strict=True):
         s.put_closed("closed", n, result)
 
 

@@ -5,20 +5,21 @@ cheap proxy passes. When no split reaches the proxy (a DQN's near-tie Q-values m
 a poor guide: LunarLander DQN's int8 models agree on 37-66% of states and keep their reward), every greedy
 step goes to the closed loop, which judges them by reward, fastest first.
 
-The probes (one export + one replay each) are independent, so the sensitivity probes fan out as Ray tasks
-when Ray is installed (local by default, ``--address`` for a cluster), as ``study ptq`` does."""
+The probes (one export + one replay each) are independent, so with ``--workers N`` the sensitivity probes
+run side by side (local processes or Ray tasks, ``--address`` for a cluster: quarl_edge/parallel.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from quarl_edge.bench.run import action_agreement
 from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.exporters.base import compute_layers, quantized_layers
+from quarl_edge.parallel import Workers, pool
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
@@ -31,9 +32,7 @@ Probe = Callable[[Sequence[Candidate]], dict[str, float]]
 
 
 def agreement(manifest: Manifest, ref: np.ndarray, actions: np.ndarray) -> float:
-    from quarl_edge.bench.run import _agreement
-
-    a = _agreement(manifest, ref.tolist(), actions.tolist())
+    a = action_agreement(manifest, ref.tolist(), actions.tolist())
     return a.value if a else 0.0
 
 
@@ -54,24 +53,23 @@ def probe_task(policy: Policy, variant: Variant, trace_bytes: bytes, ref: np.nda
 
 
 def fan_out(
-    policy: Policy, trace_path: Path, ref: np.ndarray, address: str | None
+    policy: Policy, trace_path: Path, ref: np.ndarray, workers: Workers
 ) -> Callable[[list[Variant]], list[float]]:
-    """Run probes as Ray tasks when Ray is installed (and more than one is asked for), else in process."""
+    """Run probes side by side as ``workers`` says (one at a time in this process by default)."""
     trace_bytes = trace_path.read_bytes()
 
     def run(variants: list[Variant]) -> list[float]:
-        if len(variants) < 2 or importlib.util.find_spec("ray") is None:
+        if len(variants) < 2 or workers.backend == "in-process":
             return [probe_task(policy, v, trace_bytes, ref) for v in variants]
-        from quarl_edge.study._common import ray_session
-
-        with ray_session(address) as ray:
-            task = ray.remote(num_cpus=1)(probe_task)
-            shared = [ray.put(x) for x in (policy, trace_bytes, ref)]
-            return [
-                float(x) for x in ray.get([task.remote(shared[0], v, shared[1], shared[2]) for v in variants])
-            ]
+        with pool(workers) as p:
+            return [float(x) for x in p.map(_probe, [(v,) for v in variants], (policy, trace_bytes, ref))]
 
     return run
+
+
+def _probe(policy: Policy, trace_bytes: bytes, ref: np.ndarray, variant: Variant) -> float:
+    """:func:`probe_task` with what every probe shares first (sent once to Ray)."""
+    return probe_task(policy, variant, trace_bytes, ref)
 
 
 def default_float_layers(policy: Policy) -> tuple[str, ...]:

@@ -60,6 +60,8 @@ def device_formats(facts: dict[str, Any], device: str) -> tuple[str, ...]:
     runtimes = facts.get("runtimes") or {}
     formats = tuple(f for f, mods in (("onnx", ("onnxruntime",)), ("tflite", TFLITE_RUNTIMES))
                     if any(runtimes.get(m) for m in mods))  # fmt: skip
+    if formats and facts.get("c_compiler") and runtimes.get("numpy"):  # C candidates: a compiler there
+        formats += ("c",)
     if not formats:
         raise InputError(f"device {device!r} has no runtime for any format (onnxruntime or LiteRT)",
                          f"install one there with `quarl-edge devices setup {device}`")  # fmt: skip
@@ -80,7 +82,7 @@ def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], l
     cands = [everything[0]] + [c for c in everything[1:] if c.kind in kinds]  # the reference stays
     default = default_float_layers(s.policy)
     evidence = []
-    for fmt in formats if "int8-layers" in kinds else ():
+    for fmt in [f for f in formats if f != "c"] if "int8-layers" in kinds else ():
         found, ev = layer_search(s.policy, fmt, s.proxy(), s.probe, s.over_budget, s.log)
         evidence.append(ev)
         for c in found:
@@ -99,7 +101,14 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     t0 = time.monotonic()
     check_out(cfg)  # before anything is written
     profile = load_profile(cfg.device, cfg.overrides)
-    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize)
+    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, calibration=cfg.calibration)
+    if policy.spec.env.family == "external":  # nothing here can run the closed loop tune judges by
+        raise InputError(
+            f"tune judges every candidate in closed loop, and the policy's environment {policy.spec.env.id!r} "
+            "cannot run here",
+            "export the variants with `quarl-edge export --calibration OBS.npz` and judge them with `quarl-edge "
+            "bench` and `quarl-edge gate --max-action-error` (docs/policies.md)",
+        )
     policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy)
     with locked(cfg.out) as work:
         stage("check the device")

@@ -70,6 +70,8 @@ def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str
                                  f"(manifest {e.sha256[:12]}, measured {measured[e.name][:12]})",
                                  "run tune again: the changed model is measured again")  # fmt: skip
         _copy(src, dst, e.file, e.sha256, e.name)
+        for f in e.files:  # a C model's header and prebuilt objects, hashed in the same manifest entry
+            _copy(src, dst, f.file, f.sha256, f"{e.name}'s {f.role}")
     if m.trace:
         _copy(src, dst, str(m.trace["file"]), str(m.trace["sha256"]), "the replay trace")
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
