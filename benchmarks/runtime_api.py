@@ -63,7 +63,9 @@ def baseline_load_policy(rev: str, work: Path) -> Callable[..., Any]:
         tar.extractall(pkg, filter="data")
     (pkg / "runtimes").rename(pkg / "baseline_runtimes")
     sys.path.insert(0, str(pkg))
-    return importlib.import_module("baseline_runtimes.policy").load_policy  # type: ignore[no-any-return]
+    # load_policy lives in runtimes/load.py since the logging policy; in runtimes/policy.py before
+    home = "load" if (pkg / "baseline_runtimes" / "load.py").is_file() else "policy"
+    return importlib.import_module(f"baseline_runtimes.{home}").load_policy  # type: ignore[no-any-return]
 
 
 def per_call_us(fn: Callable[[Any], Any], inputs: list[Any], samples: int) -> float:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from quarl_edge.devices.profiles import DeviceProfile
+from quarl_edge.devices.remote import LinkTimings, SSHTransport
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.facts import features_text
+from quarl_edge.runtimes.schema import JSONObject
 
 
 @dataclass(frozen=True)
 class DeviceCheck:
-    facts: dict[str, Any]
-    harness: dict[str, Any] = field(default_factory=dict)
+    facts: JSONObject
+    """what the device reported about itself (runtimes.facts' JSON)"""
+    timings: LinkTimings | None = None
+    """what reaching it cost (None: this machine)"""
     problems: tuple[str, ...] = ()
 
     def rows(self) -> list[list[str]]:
@@ -39,7 +42,7 @@ class DeviceCheck:
         )
 
 
-def local_facts() -> dict[str, Any]:
+def local_facts() -> JSONObject:
     """The facts the local runner reports (`python -m quarl_edge.runtimes info`)."""
     r = subprocess.run(
         [sys.executable, "-m", "quarl_edge.runtimes", "info"], capture_output=True, text=True, timeout=300
@@ -49,25 +52,23 @@ def local_facts() -> dict[str, Any]:
         raise QuarlError(
             f"the local runner does not start ({r.stderr.strip()[-200:]})", "reinstall quarl-edge"
         )
-    data: dict[str, Any] = json.loads(line)
+    data: JSONObject = json.loads(line)
     data.pop("event", None)
     return data
 
 
 def check_device(p: DeviceProfile) -> DeviceCheck:
     """Connect (SSH, or this machine for `local`), read the facts, compare with the profile."""
-    harness: dict[str, Any] = {}
+    timings = None
     if p.transport == "local":
         facts = {"name": p.name, "transport": "local", "emulated": p.emulated, **local_facts()}
     else:
-        from quarl_edge.devices.remote import SSHTransport
-
         with SSHTransport(p) as t:
             t.prepare()
-            facts, harness = t.device_facts, t.harness
+            facts, timings = t.device_facts, t.timings
     problems = []
     if p.arch and facts.get("machine") != p.arch:
         problems.append(f"the profile says {p.arch}, the device is {facts.get('machine')}")
     if not (facts.get("runtimes") or {}).get(p.preferred_runtime):
         problems.append(f"the preferred runtime {p.preferred_runtime} does not import on the device")
-    return DeviceCheck(facts, harness, tuple(problems))
+    return DeviceCheck(facts, timings, tuple(problems))

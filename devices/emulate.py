@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.devices import hostsys, netns, profiles, rootfs, wheelhouse
 from quarl_edge.devices.hostsys import EmulatorError
@@ -30,6 +29,7 @@ from quarl_edge.devices.rootfs import RootfsRecipe
 from quarl_edge.devices.wheelhouse import WheelhouseSpec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
+from quarl_edge.runtimes.schema import JSONObject
 
 Log = Callable[[str], None]
 _SSH_DIR = "etc/ssh/quarl-edge"  # inside the rootfs: sshd_config, host key, authorized_keys
@@ -137,7 +137,7 @@ class Status:
     runtimes: dict[str, str | None] = field(default_factory=dict)
     """version of each runtime package in the board's venv (None: left out, no wheel for aarch64)"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     def rows(self) -> list[tuple[str, str]]:
@@ -313,7 +313,7 @@ def _start(b: EmulatedBoard, paths: Paths, *, rate: str | None, log: Log) -> Non
     stamp = _read_json(paths.build_stamp) or {}
     _write_cpuinfo(b, paths)
     host_key = _prepare_ssh(b, paths)
-    state: dict[str, Any] = {
+    state: JSONObject = {
         "schema": 1,
         "board": b.name,
         "rootfs": str(paths.rootfs),
@@ -450,7 +450,7 @@ def _wait_listening(b: EmulatedBoard, paths: Paths, pid: int) -> None:
     )
 
 
-def _running(b: EmulatedBoard, state: dict[str, Any]) -> bool:
+def _running(b: EmulatedBoard, state: JSONObject) -> bool:
     pid, root = state.get("pid"), state.get("rootfs")
     return (
         isinstance(pid, int)
@@ -465,7 +465,7 @@ def _is_board_process(pid: int, root: Path) -> bool:
     return hostsys.pid_alive(pid) and pid in hostsys.pids_rooted_in(root)
 
 
-def _teardown(b: EmulatedBoard, paths: Paths, state: dict[str, Any] | None, *, log: Log) -> None:
+def _teardown(b: EmulatedBoard, paths: Paths, state: JSONObject | None, *, log: Log) -> None:
     """Stop every process of the board, unmount, remove the network; quiet for what is already gone.
 
     The rootfs is the one the state names (the board may run from another cache); processes are those
@@ -508,7 +508,7 @@ class DeviceEntry:
     transport: str = "ssh"
     emulated: bool = True
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> JSONObject:
         return {k: v for k, v in asdict(self).items() if k != "name"}
 
 
@@ -550,7 +550,7 @@ def _locked(paths: Paths, log: Log) -> Iterator[None]:
         yield
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> JSONObject | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.schema import Event
 from quarl_edge.runtimes.serve import encode_obs
 
 
@@ -29,13 +30,13 @@ class PolicyLink:
             raise QuarlError(f"the policy server on {where} did not start ({str(self.ready)[:200]})",
                              "run again with --debug")  # fmt: skip
 
-    def _next(self) -> dict[str, Any]:
+    def _next(self) -> Event:
         while True:
             line = self._readline()
             if not line:
                 raise QuarlError(f"the policy server on {self.where} stopped", "run again with --debug")
             if line.lstrip().startswith("{"):
-                msg: dict[str, Any] = json.loads(line)
+                msg: Event = json.loads(line)
                 if msg.get("event") == "error":
                     raise QuarlError(f"on {self.where}: {msg.get('message', 'the policy server failed')}")
                 return msg

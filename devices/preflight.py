@@ -12,11 +12,11 @@ import importlib.util
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import MissingDependencyError
-from quarl_edge.runtimes.manifest import Manifest, load_manifest
+from quarl_edge.runtimes.manifest import Manifest, ModelEntry, load_manifest
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import EnvConfig
 
 # pip packages that provide each importable env module on a board (cv2: gymnasium's AtariPreprocessing)
@@ -67,7 +67,7 @@ def setup_command(device: str, packages: Sequence[str]) -> str:
     )
 
 
-def check_ready(manifest: Manifest, facts: dict[str, Any], device: str, models: Sequence[str], episodes: int,
+def check_ready(manifest: Manifest, facts: JSONObject, device: str, models: Sequence[str], episodes: int,
                 upload_bytes: int = 0) -> None:  # fmt: skip
     """Raise one line naming what the device lacks for this bench, and the command that adds it."""
     runtimes = facts.get("runtimes") or {}
@@ -89,7 +89,7 @@ def check_ready(manifest: Manifest, facts: dict[str, Any], device: str, models: 
         )
 
 
-def check_c(manifest: Manifest, facts: dict[str, Any], device: str, models: Sequence[str]) -> None:
+def check_c(manifest: Manifest, facts: JSONObject, device: str, models: Sequence[str]) -> None:
     """A C model runs where a C compiler builds it (or an object built for the board's machine ships in
     the bundle): raise naming what to install otherwise."""
     if "c_compiler" not in facts or facts.get("c_compiler"):  # a runner too old to say, or a compiler
@@ -106,12 +106,12 @@ def check_c(manifest: Manifest, facts: dict[str, Any], device: str, models: Sequ
             )
 
 
-def prebuilt_for(entry: Any, machine: str) -> bool:
+def prebuilt_for(entry: ModelEntry, machine: str) -> bool:
     """Whether a model's manifest entry names a prebuilt shared object for ``machine``."""
-    return any(f.role == "shared-object" and f.machine == machine for f in getattr(entry, "files", ()))
+    return any(f.role == "shared-object" and f.machine == machine for f in entry.files)
 
 
-def check_env(env: EnvConfig, facts: dict[str, Any], device: str) -> None:
+def check_env(env: EnvConfig, facts: JSONObject, device: str) -> None:
     """Raise when the device lacks a package the env's closed-loop episodes import."""
     modules = facts.get("modules")
     if not isinstance(modules, dict):  # a runner too old to say: the episode itself will

@@ -29,6 +29,7 @@ import tomllib
 
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_text
+from quarl_edge.runtimes.schema import JSONObject
 
 PROFILE_DIR = Path(str(files("quarl_edge.devices").joinpath("profiles")))
 TRANSPORTS = ("local", "ssh")
@@ -141,7 +142,7 @@ class DeviceProfile:
 
         return shlex.join([self.name, *(x for k, v in self.flags for x in (f"--{k}", v))])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "flags"}
         out["source"] = list(self.source)
         return out

@@ -24,9 +24,8 @@ import secrets
 import shlex
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.devices.link import PolicyLink
 from quarl_edge.devices.profiles import HOME_COMMAND, DeviceProfile, parse_home, remote_path
@@ -37,11 +36,25 @@ from quarl_edge.runtimes.bundlepath import read_file
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_bytes, sha256_file
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, bundle_files, load_manifest
+from quarl_edge.runtimes.schema import Event, JSONObject
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, TRUST_FILE, check_signature, parse_public_line
 
-Event = dict[str, Any]
+Preflight = Callable[[JSONObject, int], None]
+"""``preflight(facts, bytes_to_upload)``: raises to stop a bench the device cannot run (devices/preflight.py)"""
 MAX_BUNDLE_FILE = 1 << 32  # a model for a Pi-class board is MBs; the stream is built in memory
 INFO_TIMEOUT_S = 120.0  # `info` imports every runtime; on a Pi 3 under load that takes a while
+
+
+@dataclass
+class LinkTimings:
+    """What reaching the device has cost so far (a bench report's harness; `devices check` prints it)."""
+
+    connect_s: float | None = None
+    cache_check_s: float | None = None
+    upload_s: float = 0.0
+    uploaded_files: list[str] = field(default_factory=list)
+    uploaded_bytes: int = 0
+    info_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,10 @@ class CachedBundle:
 
 
 class SSHTransport:
-    """A bench transport (see quarl_edge.bench.run) that runs the device runner over SSH."""
+    """The ``ssh`` bench transport (the Transport protocol: quarl_edge/bench/transport.py): the device
+    runner over SSH."""
+
+    name = "ssh"
 
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
@@ -70,17 +86,9 @@ class SSHTransport:
         self.runner: RunnerZip | None = None
         self.bundles: dict[Path, CachedBundle] = {}
         self.traces: dict[Path, str] = {}
-        self.device_facts: dict[str, Any] = {}
+        self.device_facts: JSONObject = {}
         self._board_keys: dict[str, str] | None = None
-        self.harness: dict[str, Any] = {
-            "transport": "ssh",
-            "connect_s": None,
-            "cache_check_s": None,
-            "upload_s": 0.0,
-            "uploaded_files": [],
-            "uploaded_bytes": 0,
-            "info_s": None,
-        }
+        self.timings = LinkTimings()
 
     def __enter__(self) -> SSHTransport:
         return self
@@ -114,12 +122,12 @@ class SSHTransport:
     # -- preparing the device -----------------------------------------------------------------------
 
     def connect(self) -> None:
-        if self.harness["connect_s"] is None:
+        if self.timings.connect_s is None:
             self.ssh.connect()
-            self.harness["connect_s"] = self.ssh.connect_s
+            self.timings.connect_s = self.ssh.connect_s
 
     def prepare(self, bundle: Path | None = None, trace: Path | None = None,
-                preflight: Callable[[dict[str, Any], int], None] | None = None) -> None:  # fmt: skip
+                preflight: Preflight | None = None) -> None:  # fmt: skip
         """Connect, upload what the device lacks (runner, bundle, trace), read its facts. Idempotent.
         ``preflight(facts, bytes_to_upload)`` runs once the facts are known and before the bundle and
         trace uploads: it raises to stop a bench the device cannot run (devices/preflight.py)."""
@@ -139,16 +147,16 @@ class SSHTransport:
         if probe:
             t0 = time.perf_counter()
             present = self._exists(probe)
-            self.harness["cache_check_s"] = (self.harness["cache_check_s"] or 0.0) + time.perf_counter() - t0
+            self.timings.cache_check_s = (self.timings.cache_check_s or 0.0) + time.perf_counter() - t0
         if self.runner_path in present and not present[self.runner_path]:
             t0 = time.perf_counter()
             rz = self.runner_zip()
             self._upload_bytes(rz.data, self.runner_path, f"runner {rz.name}")
-            self.harness["upload_s"] += time.perf_counter() - t0
+            self.timings.upload_s += time.perf_counter() - t0
         if not self.device_facts:
             t0 = time.perf_counter()
             self.device_facts = self._device_facts()
-            self.harness["info_s"] = time.perf_counter() - t0
+            self.timings.info_s = time.perf_counter() - t0
         todo = [(k, r) for k, r in wanted if not present.get(f"{r}/{COMPLETE}" if k == "bundle" else r)]
         if preflight is not None:
             preflight(self.device_facts, sum(self._size(k, r) for k, r in todo))
@@ -159,7 +167,7 @@ class SSHTransport:
             else:
                 local = next(p for p, rr in self.traces.items() if rr == r)
                 self._upload_file(local, r, f"trace {local.name}")
-        self.harness["upload_s"] += time.perf_counter() - t0
+        self.timings.upload_s += time.perf_counter() - t0
 
     def _size(self, kind: str, remote: str) -> int:
         if kind == "bundle":
@@ -237,8 +245,8 @@ class SSHTransport:
                 f"upload of {what} to {self.profile.name}:{remote} failed: {r.stderr.strip()[-200:]}",
                 f"check space and permissions of cache_dir {self.profile.cache_dir!r} on the device",
             )
-        self.harness["uploaded_files"].append(what)
-        self.harness["uploaded_bytes"] += size
+        self.timings.uploaded_files.append(what)
+        self.timings.uploaded_bytes += size
 
     def _upload_bundle(self, cb: CachedBundle) -> None:
         """One stream to the runner's ``receive``: the board checks and hashes everything before the
@@ -248,10 +256,10 @@ class SSHTransport:
             raise IntegrityError(f"{str(cb.local)!r} changed while it was uploaded", "run the command again")
         cmd = sh(self.python, self.runner_path, "receive", "--dest", cb.remote, *cb.key_args())
         self.board_command(cmd, "store the bundle", stdin=stream_bundle(files))
-        self.harness["uploaded_files"] += [f"bundle file {rel}" for rel, _ in files]
-        self.harness["uploaded_bytes"] += sum(len(d) for _, d in files)
+        self.timings.uploaded_files += [f"bundle file {rel}" for rel, _ in files]
+        self.timings.uploaded_bytes += sum(len(d) for _, d in files)
 
-    def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> dict[str, Any]:
+    def board_command(self, cmd: str, what: str, stdin: bytes | None = None) -> JSONObject:
         """Run one of the runner's cache commands (receive, verify, name) and return its answer; the
         board's refusal (a path, a hash, a signature) is one QuarlError line naming the device."""
         r = self.ssh.run(cmd, stdin=stdin, timeout=self.profile.command_timeout)
@@ -279,7 +287,7 @@ class SSHTransport:
             self._home = parse_home(r.stdout, r.exit_status, self.profile.name)
         return self._home
 
-    def _device_facts(self) -> dict[str, Any]:
+    def _device_facts(self) -> JSONObject:
         # the first runner command of a session: it also removes what cut uploads left in the cache
         cmd = sh(self.python, self.runner_path, "info", "--clean-cache", self.cache)
         r = self.ssh.run(cmd, timeout=INFO_TIMEOUT_S)
@@ -296,7 +304,7 @@ class SSHTransport:
                 f"the device's Python needs numpy and a runtime: quarl-edge devices setup {self.profile.name}",
             )
         info.pop("event", None)
-        facts: dict[str, Any] = {
+        facts: JSONObject = {
             "name": self.profile.name,
             "transport": "ssh",
             "host": self.ssh.host,

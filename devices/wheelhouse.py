@@ -356,7 +356,7 @@ def _write_manifest(path: Path, spec: WheelhouseSpec, names: list[str], pins: li
         "versions": wheel_versions(names),
         "pins": [asdict(p) for p in pins] if pins is not None else None,
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    atomic_write_json(path, data)
 
 
 def content_hash(wheels: list[Path]) -> str:

@@ -59,7 +59,8 @@ class Variant:
 @dataclass(frozen=True)
 class BundleRequest:
     out: Path
-    targets: tuple[str, ...]
+    targets: tuple[str, ...] = ("onnx-fp32", "onnx-fp16", "onnx-int8")
+    """exporters/targets.py names; `export --to`'s default"""
     calibration: Path | None = None
     """recorded rollouts (.npz) or a field log folder (load_policy(..., log_dir=...): what a robot saw)"""
     more_calibration: tuple[Path, ...] = ()

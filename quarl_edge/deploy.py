@@ -27,7 +27,7 @@ from quarl_edge.devices.ssh import sh
 from quarl_edge.runtimes.bundlepath import safe_name
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
-from quarl_edge.runtimes.policy import choose_model
+from quarl_edge.runtimes.selection import choose_model
 
 DEPLOYED = ".local/share/quarl-edge/bundles"
 """the stable names, under the board's home"""

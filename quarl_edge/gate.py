@@ -18,7 +18,6 @@ and Markdown.
 
 from __future__ import annotations
 
-import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -27,6 +26,16 @@ from pathlib import Path
 
 from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.result import BenchReport, ModelResult
+from quarl_edge.common.limits import (
+    MAX_REWARD_DROP_PCT,
+    check_max_action_error,
+    check_max_miss_rate,
+    check_max_out_of_range,
+    check_max_p99_ms,
+    check_max_reward_drop,
+    check_min_agreement,
+)
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.field.report import FieldReport
 from quarl_edge.outputs import Kind, claim, text_starts_with
 from quarl_edge.runtimes.errors import InputError
@@ -52,7 +61,7 @@ MARKDOWN = Kind("gate Markdown summary", False, text_starts_with(MARKDOWN_TITLE)
 
 @dataclass(frozen=True)
 class GateConfig:
-    max_reward_drop_pct: float | None = 2.0
+    max_reward_drop_pct: float | None = MAX_REWARD_DROP_PCT
     """largest allowed mean reward drop vs fp32, in % of the fp32 mean return"""
     min_agreement: float | None = None
     """smallest allowed action agreement with fp32 on the recorded trace (0..1)"""
@@ -69,47 +78,14 @@ class GateConfig:
     """a field report's largest allowed share of observations outside the calibration range, in %"""
 
     def __post_init__(self) -> None:
-        # inf (or nan, which compares false both ways) would turn the check off while it reports "pass"
-        for flag, value, example in (("--max-reward-drop", self.max_reward_drop_pct, "2%"),
-                                     ("--min-agreement", self.min_agreement, "0.95"),
-                                     ("--max-p99-ms", self.max_p99_ms, "5"),
-                                     ("--max-miss-rate", self.max_miss_rate_pct, "1%"),
-                                     ("--max-action-error", self.max_action_error, "0.05"),
-                                     ("--max-out-of-range", self.max_out_of_range_pct, "5%")):  # fmt: skip
-            if value is not None and not math.isfinite(value):
-                raise InputError(f"{flag} must be a finite number (got {value})", f"e.g. {flag} {example}")
-        if self.max_action_error is not None and self.max_action_error < 0:
-            raise InputError("--max-action-error must be >= 0", "e.g. --max-action-error 0.05")
-        if self.max_reward_drop_pct is not None and self.max_reward_drop_pct < 0:
-            raise InputError("--max-reward-drop must be >= 0", "e.g. --max-reward-drop 2%")
-        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
-            raise InputError("--min-agreement must be between 0 and 1", "e.g. --min-agreement 0.95")
-        if self.max_p99_ms is not None and self.max_p99_ms <= 0:
-            raise InputError("--max-p99-ms must be positive", "e.g. --max-p99-ms 5")
-        if self.max_miss_rate_pct is not None and not 0 <= self.max_miss_rate_pct <= 100:
-            raise InputError("--max-miss-rate must be between 0% and 100%", "e.g. --max-miss-rate 1%")
-        if self.max_out_of_range_pct is not None and not 0 <= self.max_out_of_range_pct <= 100:
-            raise InputError("--max-out-of-range must be between 0% and 100%", "e.g. --max-out-of-range 5%")
-
-
-def parse_percent(text: str, flag: str = "--max-reward-drop") -> float:
-    """A percent flag's value, in percent. One rule for every such flag (gate's --max-reward-drop and
-    --max-miss-rate, tune's --max-reward-drop): ``2%`` is a percentage; a bare number is a fraction of one,
-    ``0.02`` = 2%, as the report's own fractions (miss_rate) are written; a bare number above 1 is refused,
-    since ``2`` could mean 2% or 200%. A non-finite value is returned for the config to refuse by name."""
-    t = text.strip()
-    percent = t.endswith("%")
-    try:
-        value = float(t[:-1].strip() if percent else t)
-    except ValueError:
-        raise InputError(f"{flag} {text.strip()[:40]!r} is not a percentage",
-                         f"write it like {flag} 2% (or as a fraction of one: {flag} 0.02)") from None  # fmt: skip
-    if percent or not math.isfinite(value):
-        return value
-    if abs(value) > 1:
-        raise InputError(f"{flag} {t} is ambiguous: {value:g}% or {100 * value:g}%?",
-                         f"write {flag} {value:g}% (a percentage), or a fraction of one: {flag} {value / 100:g}")  # fmt: skip
-    return 100 * value
+        # one check per limit, shared with tune (common/limits.py): inf or nan would turn a check off
+        # while it reports "pass"
+        for value, check in ((self.max_reward_drop_pct, check_max_reward_drop), (self.min_agreement, check_min_agreement),
+                             (self.max_p99_ms, check_max_p99_ms), (self.max_miss_rate_pct, check_max_miss_rate),
+                             (self.max_action_error, check_max_action_error),
+                             (self.max_out_of_range_pct, check_max_out_of_range)):  # fmt: skip
+            if value is not None:
+                check(value)
 
 
 @dataclass(frozen=True)
@@ -346,12 +322,9 @@ def markdown_summary(report: Gated, checks: list[Check]) -> str:
     lines = [
         f"{MARKDOWN_TITLE} {'PASS' if passed(checks) else 'FAIL'} ({md_cell(_policy(report))}{on})",
         "",
-        "| " + " | ".join(cols) + " |",
-        "|" + "---|" * len(cols),
     ]
-    for row in check_rows(report, checks):
-        cells = [md_cell(c) for c in row[:-1]] + ["pass" if row[-1] == "pass" else "**FAIL**"]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [[*row[:-1], "pass" if row[-1] == "pass" else "**FAIL**"] for row in check_rows(report, checks)]
+    lines += markdown_table(cols, rows)
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,7 @@ from quarl_edge.policy.importers import detect
 from quarl_edge.policy.load import load_policy
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.envs import DICT_OBS
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import SpaceSpec, WrapperConfig
 
 
@@ -57,7 +58,7 @@ class Inspection:
     graph_steps: tuple[str, ...]
     """what the exported graph does around the network, in order: raw observation in, env action out"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["layers"] = [asdict(layer) for layer in self.layers]
         return d

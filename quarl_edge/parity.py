@@ -16,6 +16,7 @@ from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest
 from quarl_edge.runtimes.runner import PolicyRunner
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import SpaceSpec
 from quarl_edge.runtimes.trace import Trace
 
@@ -46,7 +47,7 @@ class SourceParity:
     error: str | None = None
     """why it was not measured (then ``models`` is empty)"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"reference": self.reference, "models": [asdict(m) for m in self.models], "error": self.error}
 
 

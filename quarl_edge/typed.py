@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 T = TypeVar("T")
 Parse = Callable[[Any, str], Any]
@@ -177,7 +178,7 @@ def to_json(x: object) -> Any:
     return x
 
 
-def fields_json(x: Any) -> dict[str, Any]:
+def fields_json(x: Any) -> JSONObject:
     """A dataclass's fields as JSON, in their order (see to_json)."""
     return {f.name: to_json(getattr(x, f.name)) for f in dataclasses.fields(x)
             if not (f.metadata.get("omit_none") and getattr(x, f.name) is None)}  # fmt: skip

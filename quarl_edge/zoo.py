@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 # Package data, where a wheel installs it (importlib.resources; an editable install maps the same names).
 POLICIES = Path(str(files("quarl_edge").joinpath("assets", "policies")))
@@ -53,7 +54,7 @@ class ZooEntry:
     def calibration(self) -> Path:
         return self.calibration_root / f"{self.name}.npz"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         del d["root"], d["calibration_root"]
         d["suites"] = list(self.suites)

@@ -1,6 +1,6 @@
 """quarl-edge's device side: numpy and one runtime, never torch or TensorFlow.
 
-The runtime API is ``load_policy`` (runtimes/policy.py; docs/runtime.md). It is imported on first use,
+The runtime API is ``load_policy`` (runtimes/load.py, its Policy runtimes/policy.py; docs/runtime.md). It is imported on first use,
 so ``python -m quarl_edge.runtimes info`` still runs on a board that has no numpy yet.
 """
 
@@ -10,12 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .inputs import PolicyStats
+    from .load import load_policy
     from .onnx import OrtOptions
-    from .policy import Policy, PolicyInfo, load_policy
+    from .policy import Policy, PolicyInfo
     from .selection import DeviceMismatchWarning
 
 __all__ = ["DeviceMismatchWarning", "OrtOptions", "Policy", "PolicyInfo", "PolicyStats", "load_policy"]
-_HOMES = {"PolicyStats": "inputs", "OrtOptions": "onnx", "DeviceMismatchWarning": "selection"}
+_HOMES = {
+    "load_policy": "load",
+    "PolicyStats": "inputs",
+    "OrtOptions": "onnx",
+    "DeviceMismatchWarning": "selection",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import defaults
 from .errors import QuarlError
 from .facts import device_info
+from .fsutil import finite_json
+from .schema import Event
 
 
-def _emit(obj: dict[str, Any]) -> None:
+def _emit(obj: Event) -> None:
     sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
     sys.stdout.flush()
 
@@ -36,17 +39,6 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf (not valid JSON) by None, recursively."""
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m quarl_edge.runtimes")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -54,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--bundle", required=True)
     r.add_argument("--model", required=True)
     r.add_argument("--seeds", default="", help="comma-separated episode seeds")
-    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--threads", type=int, default=defaults.THREADS)
     r.add_argument("--trace", default=None)
-    r.add_argument("--latency-samples", type=int, default=1000)
-    r.add_argument("--warmup", type=int, default=50)
+    r.add_argument("--latency-samples", type=int, default=defaults.LATENCY_SAMPLES)
+    r.add_argument("--warmup", type=int, default=defaults.WARMUP)
     r.add_argument("--max-steps", type=int, default=None)
     r.add_argument("--no-replay", action="store_true", help="skip the trace replay (already measured)")
     r.add_argument("--hz", type=float, default=None, help="time act() in the episodes against a 1/HZ budget")
@@ -85,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("serve", help="the policy alone: observations in, actions out (bench --env-on-host)")
     v.add_argument("--bundle", required=True)
     v.add_argument("--model", required=True)
-    v.add_argument("--threads", type=int, default=1)
+    v.add_argument("--threads", type=int, default=defaults.THREADS)
     args = p.parse_args(argv)
     try:
         if args.cmd in ("receive", "verify", "name"):
@@ -117,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
             max_steps=args.max_steps,
             replay=not args.no_replay,
-            progress=lambda ev: _emit(_finite(ev)),
+            progress=lambda ev: _emit(finite_json(ev)),
             oversubscribe=args.oversubscribe,
             hz=args.hz,
             duration_s=args.duration,
         )
-        _emit({"event": "result", "result": _finite(result.to_dict())})
+        _emit({"event": "result", "result": finite_json(result.to_dict())})
         return 0
     except QuarlError as e:
         _emit({"event": "error", "kind": type(e).__name__, "message": e.cli_text()})

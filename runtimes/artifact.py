@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from .errors import InputError, QuarlError
+from .schema import JSONObject
 
 MAX_JSON_BYTES = 64 * 2**20  # our largest (a report of many models) is a few MB
 
@@ -20,7 +20,7 @@ def read_artifact(
     fix: str,
     error: type[QuarlError] = InputError,
     version_key: str = "schema_version",
-) -> dict[str, Any]:
+) -> JSONObject:
     """``path`` parsed as a ``fmt`` artifact no newer than ``max_version``; ``what`` names it in errors
     ("report", "partial bench file", ...), ``fix`` says what to do; ``error`` is raised for a damaged file."""
     where = str(path)
@@ -43,7 +43,7 @@ def parse_artifact(
     fix: str,
     error: type[QuarlError] = InputError,
     version_key: str = "schema_version",
-) -> dict[str, Any]:
+) -> JSONObject:
     """``data`` (the bytes of the file ``where``) parsed as read_artifact does: for a caller that must
     check the very bytes it parses (a signed manifest, a file read without following links)."""
     if len(data) > MAX_JSON_BYTES:

@@ -38,6 +38,7 @@ from .manifest import (
     read_manifest_bytes,
     verify_files,
 )
+from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 
 COMPLETE = ".complete"
@@ -63,7 +64,7 @@ def stream_bundle(files: list[tuple[str, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def verify_cached(bundle: Path, manifest_sha256: str, signature_sha256: str | None = None) -> dict[str, Any]:
+def verify_cached(bundle: Path, manifest_sha256: str, signature_sha256: str | None = None) -> JSONObject:
     """Check a bundle on the board against the host's: its manifest.json has ``manifest_sha256``, every
     path it names is plain, every file's sha256 is recomputed, nothing else is there, and (when given)
     its manifest.sig has ``signature_sha256``. Returns what was checked."""
@@ -125,7 +126,7 @@ def _copy_exact(stream: IO[bytes], n: int, out: IO[bytes], rel: str) -> None:
         out.write(block)
 
 
-def _header(stream: IO[bytes]) -> dict[str, Any]:
+def _header(stream: IO[bytes]) -> JSONObject:
     line = stream.readline(MAX_HEADER)
     if not line.endswith(b"\n"):
         raise IntegrityError("the upload was cut (or is not a bundle stream) between two files", FIX)
@@ -163,7 +164,7 @@ def _receive_into(tmp: Path, stream: IO[bytes]) -> list[str]:
 
 
 def receive(final: Path, stream: IO[bytes], manifest_sha256: str,
-            signature_sha256: str | None = None) -> dict[str, Any]:  # fmt: skip
+            signature_sha256: str | None = None) -> JSONObject:  # fmt: skip
     """Receive a bundle stream into ``final`` (a folder named by the bundle's key), verified before it
     is renamed into place. A complete copy already there is kept (another session uploaded it)."""
     safe_name(final.name, "cache entry", "report a bug")
@@ -259,7 +260,7 @@ def clean_cache(cache: Path, started: float) -> list[str]:
 
 
 def name_bundle(bundle: Path, root: Path, name: str, manifest_sha256: str,
-                signature_sha256: str | None = None) -> dict[str, Any]:  # fmt: skip
+                signature_sha256: str | None = None) -> JSONObject:  # fmt: skip
     """Point ``root/name`` at the cached ``bundle`` (deploy's stable name), after verifying the cached
     copy: a new link under a temporary name, renamed over the old link (atomic: a reader sees the old
     bundle or the new one). A real file or folder at the name is refused, never written into.

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .schema import JSONObject
 
 PROGRAM_VERSION = 1
 MAX_BUFFER = 1 << 16
@@ -72,7 +73,7 @@ class Op:
     lo: float | None = None
     hi: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
@@ -108,7 +109,7 @@ class Program:
         """the number of actions for a discrete policy, the action's length for a continuous one"""
         return self.buffers[self.output].size
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> JSONObject:
         """Everything but the arrays' values, as JSON data."""
         return {
             "version": PROGRAM_VERSION,

@@ -16,6 +16,8 @@ import platform
 import sys
 from typing import Any
 
+from .schema import JSONObject
+
 MAX_TEXT = 200
 
 # int8-relevant ISA features, by the names /proc/cpuinfo uses. ARM: asimd (NEON), asimdhp (fp16
@@ -106,7 +108,7 @@ def hwcap_features() -> dict[str, bool] | None:
     return {name: bool(words[at] >> bit & 1) for name, (at, bit) in _ARM64_HWCAPS.items()}
 
 
-def emulation(machine: str, kernel_arch: str | None) -> dict[str, Any] | None:
+def emulation(machine: str, kernel_arch: str | None) -> JSONObject | None:
     """qemu-user: the kernel's own architecture (/proc/sys/kernel/arch, which qemu does not answer for
     the process as it does uname) is not the one this process runs as; ``qemu_cpu`` is the CPU model
     qemu presents (QEMU_CPU; None: qemu's default)."""
@@ -164,7 +166,7 @@ def _runtimes() -> tuple[dict[str, str | None], list[str] | None]:
     return versions, providers
 
 
-def device_info() -> dict[str, Any]:
+def device_info() -> JSONObject:
     """Everything `devices check` shows and every bench report's ``device`` holds."""
     machine = platform.machine()
     info = parse_cpuinfo(_read("/proc/cpuinfo") or "")
@@ -247,7 +249,7 @@ def features_text(features: Any) -> str:
     return "; ".join(p for p in (", ".join(have), f"without {', '.join(lack)}" if lack else "") if p) or "?"
 
 
-def facts_text(d: dict[str, Any]) -> str:
+def facts_text(d: JSONObject) -> str:
     """A device's facts (device_info's keys; any may be missing or of a wrong type) in one line."""
 
     def s(key: str) -> str | None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, IntegrityError
+from .schema import JSONObject
 
 LOG_FORMAT = "quarl-edge/field-log"
 LOG_VERSION = 1
@@ -91,7 +92,7 @@ class LogHeader:
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
             raise ValueError("discrete_actions must be None or a count >= 1")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["obs_shape"], d["action_shape"] = list(self.obs_shape), list(self.action_shape)
         return {"format": d.pop("format"), "version": d.pop("version"), **d}

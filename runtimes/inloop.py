@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .schema import JSONObject
 
 MIN_HZ = 0.01
 """the slowest rate the runner accepts (a period of 100 s)"""
@@ -63,7 +64,7 @@ class InLoopStats:
     os_settings: tuple[str, ...] = ()
     """the OS settings the loop runner applied (runtimes.realtime), e.g. ``sched_fifo``"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["os_settings"] = list(self.os_settings)
         return d

@@ -38,6 +38,7 @@ from .errors import InputError
 from .inloop import check_hz
 from .pacing import Pacer
 from .realtime import OsSetting, RealtimeConfig, RealtimeSession
+from .schema import JSONObject
 
 if TYPE_CHECKING:
     from .policy import Action, Policy
@@ -127,7 +128,7 @@ class Percentiles:
         if not self.p50_us <= self.p90_us <= self.p99_us <= self.max_us:
             raise ValueError("Percentiles: p50 <= p90 <= p99 <= max")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -204,7 +205,7 @@ class LoopResult:
     def overrun_rate(self) -> float:
         return self.overruns / self.steps if self.steps else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = {k: v for k, v in asdict(self).items() if k not in ("trace", "settings")}
         d["settings"] = [s.to_dict() for s in self.settings]
         d["returns"], d["lengths"] = list(self.returns), list(self.lengths)

@@ -14,6 +14,7 @@ from . import schema
 from .artifact import MAX_JSON_BYTES, parse_artifact
 from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
+from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
 
@@ -41,7 +42,7 @@ class ModelFile:
     built_by: str | None = None
     """the compiler and flags that built a shared object"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
     @classmethod
@@ -76,7 +77,7 @@ class ModelEntry:
     files: tuple[ModelFile, ...] = ()
     """the model's other files (a C model's header, prebuilt shared objects), each hashed like the model"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "name": self.name,
             "file": self.file,
@@ -117,7 +118,7 @@ class Manifest:
         """The fp32 model the others are compared against (first fp32 model)."""
         return next((m for m in self.models if m.precision == "fp32"), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "format": BUNDLE_FORMAT,
             "schema_version": BUNDLE_VERSION,
@@ -132,7 +133,7 @@ class Manifest:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+    def from_dict(cls, d: JSONObject) -> Manifest:
         if d.get("format") != BUNDLE_FORMAT:
             raise InputError(
                 "manifest.json is not a quarl-edge bundle manifest", "export one with `quarl-edge export`"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputError
+from .schema import JSONObject
 
 FIFO_PRIORITY = 50
 """SCHED_FIFO priority of the loop (1-99): above every normal process and below the kernel's own
@@ -52,7 +53,7 @@ class OsSetting:
                 f"OsSetting({self.name!r}, {self.applied!r}, ...) is not a setting of {SETTINGS}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"name": self.name, "applied": self.applied, "detail": self.detail}
 
     @classmethod

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import defaults
 from .adapters import ModelSession
 from .envs import action_masks, make_env
 from .errors import InputError
@@ -25,10 +26,11 @@ from .inloop import InLoopStats, check_hz, in_loop_stats
 from .loop import LoopConfig, Pace
 from .manifest import Manifest, ModelEntry, load_manifest
 from .policy import Policy
+from .schema import Event, JSONObject
 from .sustained import SustainedStats, check_duration, sustained
 from .trace import Trace, check_fits, load_trace
 
-Progress = Callable[[dict[str, Any]], None]
+Progress = Callable[[Event], None]
 Act = Callable[[np.ndarray], Any]
 """an observation in, the env's action out"""
 OnStep = Callable[[np.ndarray, Any, float, bool], bool]
@@ -110,7 +112,7 @@ class ModelRun:
     sustained: SustainedStats | None = None
     """the model run back to back for ``duration_s``, with the board's thermal readings"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["episodes"] = [asdict(e) for e in self.episodes]
         return d
@@ -294,7 +296,9 @@ class PolicyRunner:
             actions[i] = self.act_batch(obs[i : i + 1], None if masks is None else masks[i : i + 1])[0]
         return ReplayResult(actions=actions, nonfinite_obs=int((~valid).sum()), valid=valid)
 
-    def latency(self, observations: np.ndarray, samples: int = 1000, warmup: int = 50) -> LatencyStats:
+    def latency(
+        self, observations: np.ndarray, samples: int = defaults.LATENCY_SAMPLES, warmup: int = defaults.WARMUP
+    ) -> LatencyStats:
         """Single-observation latency, cycling through ``observations``, after ``warmup`` runs."""
         batches = timing_batches(observations)
         for i in range(warmup):
@@ -343,10 +347,10 @@ def run_model(
     model: str,
     *,
     seeds: Sequence[int],
-    threads: int = 1,
+    threads: int = defaults.THREADS,
     trace_path: str | Path | None = None,
-    latency_samples: int = 1000,
-    warmup: int = 50,
+    latency_samples: int = defaults.LATENCY_SAMPLES,
+    warmup: int = defaults.WARMUP,
     max_steps: int | None = None,
     replay: bool = True,
     progress: Progress | None = None,

@@ -12,11 +12,17 @@ MAX_ELEMENTS = 2**26  # an observation or action of more than 64M numbers is not
 MAX_DIMS = 8
 MAX_TEXT = 4096
 
+JSONObject = dict[str, Any]
+"""a JSON object at the edge: as read (from a file, a device, a board's answer), before the typed result made
+from it checks it, or as a typed result serializes; never passed on as a result"""
+Event = JSONObject
+"""one JSON line of the device runner (``python -m quarl_edge.runtimes``: progress, result, error)"""
+
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
 """what a field of the wrong type or size raises deep inside a reader: turned into one InputError"""
 
 
-def obj(v: Any, where: str, fix: str) -> dict[str, Any]:
+def obj(v: Any, where: str, fix: str) -> JSONObject:
     if not isinstance(v, dict):
         raise InputError(f"{where} is not an object ({type(v).__name__})", fix)
     return v

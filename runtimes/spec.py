@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from . import schema
 from .errors import InputError
+from .schema import JSONObject
 
 FIX = "re-export the policy"
 
@@ -67,7 +68,7 @@ class SpaceSpec:
     def is_image(self) -> bool:
         return self.kind == "box" and self.dtype == "uint8" and len(self.shape) == 3
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["shape"] = list(self.shape)
         if self.nvec is None:
@@ -77,7 +78,7 @@ class SpaceSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SpaceSpec:
+    def from_dict(cls, d: JSONObject) -> SpaceSpec:
         d = schema.obj(d, "space description", FIX)
         try:
             kind = d["kind"]
@@ -135,7 +136,7 @@ class EnvConfig:
     family: str = "gym"
     imports: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "id": self.id,
             "family": self.family,
@@ -145,7 +146,7 @@ class EnvConfig:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EnvConfig:
+    def from_dict(cls, d: JSONObject) -> EnvConfig:
         d = schema.obj(d, "environment description", FIX)
         try:
             wrappers = d.get("wrappers", [])
@@ -181,7 +182,7 @@ class StateSpec:
     """its shape for one environment, the batch axis of size 1 (e.g. [layers, 1, hidden])"""
     batch_axis: int = 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"input": self.input, "output": self.output, "shape": list(self.shape),
                 "batch_axis": self.batch_axis, "reset": "zeros at every episode start"}  # fmt: skip
 
@@ -218,7 +219,7 @@ class PolicySpec:
     state: tuple[StateSpec, ...] = ()
     """the recurrent state the graph takes and returns after the observation (and an action mask)"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "schema_version": self.schema_version,
             "name": self.name,
@@ -234,7 +235,7 @@ class PolicySpec:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PolicySpec:
+    def from_dict(cls, d: JSONObject) -> PolicySpec:
         d = schema.obj(d, "policy spec", FIX)
         try:
             version = schema.integer(d.get("schema_version", 0), "policy spec schema_version", FIX, 0)

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import thermal
 from .errors import InputError
+from .schema import JSONObject
 
 MAX_DURATION_S = 24 * 3600.0
 CLOCK_DROP_WARN_PCT = 10.0  # the slowest core clock during the loop this far below its fastest
@@ -78,7 +79,7 @@ class SustainedStats:
     """which of temperature, clock, throttling the board does not expose (all of them when emulated)"""
     emulated: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 

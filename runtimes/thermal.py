@@ -14,7 +14,8 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import Any
+
+from .schema import JSONObject
 
 # vcgencmd get_throttled bits (Raspberry Pi firmware): now (0-3) and since boot (16-19)
 THROTTLE_BITS = {0: "under-voltage", 1: "arm frequency capped", 2: "throttled", 3: "soft temperature limit",
@@ -34,7 +35,7 @@ class ThermalReading:
     throttled: int | None
     """vcgencmd get_throttled's bits; None: not exposed (no vcgencmd)"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 

@@ -74,8 +74,8 @@ def test_int8_actors_run_int8_and_breakdown_adds_up(local_ray: str, tmp_path: Pa
     log = train(args, on_chunk=inspect).to_dict()  # the log as log.json holds it
     assert log["env_steps"] >= 2500 and log["learner_updates"] > 0 and log["broadcasts"] > 1
     for info in seen["info"]:
-        assert info["precision"] == "int8"
-        ev = info["evidence"]
+        assert info.precision == "int8"
+        ev = info.evidence
         assert ev["quantize"] > 0 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
     _check_breakdown(log["breakdown"]["learner"], LEARNER_FIELDS)
     actors = [v for k, v in log["breakdown"].items() if k.startswith("actor")]
@@ -156,7 +156,7 @@ def test_checkpoint_restores_every_tensor_exactly(tmp_path: Path, algo: str) -> 
     _fill(learner.replay, 50, rng)
     for n in range(1, 4):
         learner.update(learner.replay.sample(8, rng), n)
-    state = {"version": 1, "global_step": 1234, "updates": 3, "version_broadcast": 0, "curve": []}
+    state = checkpoint.LearnerState(global_step=1234, updates=3, version_broadcast=0)
     ckpt = tmp_path / "checkpoint"
     checkpoint.save(ckpt, learner.parts(), learner.replay.arrays(), state)
     assert sorted(p.name for p in ckpt.iterdir()) == ["model.json", "model.npz", "replay.npz", "state.json"]
@@ -260,8 +260,8 @@ def test_d4pg_pendulum_int8_actors(local_ray: str, tmp_path: Path, runtime: str)
         assert chosen == runtime
     assert log["inference_throughput"]["runtime"] == chosen
     for info in seen["info"]:
-        assert info["precision"] == "int8" and info["graph"] == "actor" and info["runtime"] == chosen
-        ev = info["evidence"]
+        assert info.precision == "int8" and info.graph == "actor" and info.runtime == chosen
+        ev = info.evidence
         assert ev["quantize"] > 0 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
     _check_breakdown(log["breakdown"]["learner"], LEARNER_FIELDS)
     actors = [v for k, v in log["breakdown"].items() if k.startswith("actor")]

@@ -52,8 +52,8 @@ def test_d4pg_trains_on_dm_control_with_int8_actors(one_thread_ray: None, tmp_pa
     assert all(np.isfinite(v) for v in log["losses"].values())
     assert log["support"]["source"].startswith("DM Control") and log["support"]["v_min"] == 0.0
     for info in seen["info"]:
-        assert info["precision"] == "int8" and info["graph"] == "actor" and info["steps"] > 0
-        ev = info["evidence"]  # on whichever runtime --actor-runtime auto chose (log["actor_runtime"])
+        assert info.precision == "int8" and info.graph == "actor" and info.steps > 0
+        ev = info.evidence  # on whichever runtime --actor-runtime auto chose (log["actor_runtime"])
         assert ev["quantize"] > 0 and ev["int8_weights"] == 3 and ev["float_weights"] == 0
     assert (tmp_path / "checkpoint" / "state.json").is_file()
     # energy: CPU seconds measured in each role's own process, joules with their source

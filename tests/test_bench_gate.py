@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from quarl_edge.bench.fleet_result import FleetReport
 from quarl_edge.bench.report import read_report, write_report
 from quarl_edge.bench.result import BenchReport
-from quarl_edge.bench.run import BenchConfig, bench, local_transport
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import LocalTransport
 
 MODELS = ("onnx-fp32", "onnx-fp16", "onnx-int8")
 REF = "onnx-fp32"
@@ -86,15 +88,16 @@ def lib_bench(cartpole_bundle: Path) -> tuple[BenchReport, dict[str, list[int]],
     played: dict[str, list[int]] = {}
     args_seen: dict[str, list[str]] = {}
 
-    def recording_transport(bundle: Path, args: list[str]):  # type: ignore[no-untyped-def]
-        model = args[args.index("--model") + 1]
-        args_seen[model] = args
-        for ev in local_transport(bundle, args):
-            if ev.get("event") == "episode":
-                played.setdefault(model, []).append(ev["seed"])
-            yield ev
+    class Recording(LocalTransport):
+        def __call__(self, bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+            model = args[args.index("--model") + 1]
+            args_seen[model] = args
+            for ev in super().__call__(bundle, args):
+                if ev.get("event") == "episode":
+                    played.setdefault(model, []).append(ev["seed"])
+                yield ev
 
-    report = bench(cartpole_bundle, CFG, transport=recording_transport)
+    report = bench(cartpole_bundle, CFG, transport=Recording())
     return report, played, args_seen
 
 
@@ -420,7 +423,8 @@ def test_the_gate_cli_exits_2_in_one_line_on_an_impossible_number(cli: Any, tmp_
      ("--max-miss-rate", "101%", "between 0% and 100%"), ("--max-miss-rate", "inf", "finite")],
 )  # fmt: skip
 def test_every_gate_limit_is_finite_and_in_range(flag: str, value: str, expect: str) -> None:
-    from quarl_edge.gate import GateConfig, parse_percent
+    from quarl_edge.common.limits import parse_percent
+    from quarl_edge.gate import GateConfig
     from quarl_edge.runtimes.errors import InputError
 
     field = {"--max-reward-drop": "max_reward_drop_pct", "--min-agreement": "min_agreement",

@@ -25,7 +25,8 @@ import pytest
 from conftest import SSHD, Sshd, fingerprint, free_port, keygen
 
 from quarl_edge.bench.partial import BenchInterrupted, partial_path
-from quarl_edge.bench.run import BenchConfig, bench, local_transport
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import LocalTransport
 from quarl_edge.devices.profiles import load_profile, remote_path, write_device_entry
 from quarl_edge.devices.remote import SSHTransport
 from quarl_edge.devices.ssh import HostKeyError, SSHConnection, SSHError, sh
@@ -485,13 +486,14 @@ def test_resume_refuses_missing_or_mismatched_partial_results(
     # partial results of a local bench (3 episodes) do not resume a 4-episode bench on another device
     with pytest.raises(BenchInterrupted):
 
-        def dying(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
-            for ev in local_transport(bundle, args):
-                yield ev
-                if ev.get("event") == "episode":
-                    raise SSHError("simulated failure after one episode")
+        class Dying(LocalTransport):
+            def __call__(self, bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+                for ev in super().__call__(bundle, args):
+                    yield ev
+                    if ev.get("event") == "episode":
+                        raise SSHError("simulated failure after one episode")
 
-        bench(cartpole_bundle, CFG, transport=dying, partial=partial_path(out))
+        bench(cartpole_bundle, CFG, transport=Dying(), partial=partial_path(out))
     line = one_error(
         cli(
             "bench", "--bundle", cartpole_bundle, "--device", DEV, "--episodes", "4", "--out", out, "--resume"

@@ -126,7 +126,7 @@ def test_tables_wrap_long_names_and_never_cut_them(monkeypatch: pytest.MonkeyPat
 
 
 def test_percent_flags_take_a_percentage_or_a_fraction_and_refuse_a_bare_number_above_one() -> None:
-    from quarl_edge.gate import parse_percent
+    from quarl_edge.common.limits import parse_percent
 
     assert parse_percent("1%", "--max-miss-rate") == parse_percent("0.01", "--max-miss-rate") == 1.0
     assert parse_percent(" 2 % ") == parse_percent("0.02") == 2.0 and parse_percent("0") == 0.0

@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from quarl_edge.bench.partial import PartialBench
 from quarl_edge.bench.report import read_report
-from quarl_edge.bench.run import BenchConfig, bench, local_transport
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import LocalTransport
 from quarl_edge.gate import GateConfig, evaluate, junit_xml, markdown_summary
 from quarl_edge.policy.net import load_checkpoint
 from quarl_edge.policy.sb3_zip import load_sb3_zip
@@ -280,16 +281,17 @@ def partial_case(
     cfg = BenchConfig(episodes=3, latency_samples=20)
     seen = {"episodes": 0}
 
-    def flaky(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
-        for ev in local_transport(bundle, args):
-            yield ev
-            if ev.get("event") == "episode":
-                seen["episodes"] += 1
-                if seen["episodes"] == 4:
-                    raise QuarlError("the link dropped", "run again with --resume")
+    class Flaky(LocalTransport):
+        def __call__(self, bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+            for ev in super().__call__(bundle, args):
+                yield ev
+                if ev.get("event") == "episode":
+                    seen["episodes"] += 1
+                    if seen["episodes"] == 4:
+                        raise QuarlError("the link dropped", "run again with --resume")
 
     with pytest.raises(QuarlError):
-        bench(cartpole_bundle, cfg, transport=flaky, partial=path)
+        bench(cartpole_bundle, cfg, transport=Flaky(), partial=path)
     doc = json.loads(path.read_text())
     return path, doc
 

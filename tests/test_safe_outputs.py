@@ -29,9 +29,11 @@ from quarl_edge.bench import fleet as bench_fleet
 from quarl_edge.bench.fleet import bench_on_device
 from quarl_edge.bench.partial import partial_path
 from quarl_edge.bench.report import parse_report
-from quarl_edge.bench.run import BenchConfig, bench, local_transport
+from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import LocalTransport
 from quarl_edge.bundle import WORK_PREFIX, BundleRequest, export_bundle
-from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary, parse_percent
+from quarl_edge.common.limits import parse_percent
+from quarl_edge.gate import Check, GateConfig, evaluate, junit_xml, markdown_summary
 from quarl_edge.policy.net import load_checkpoint, save_checkpoint
 from quarl_edge.record import RecordConfig, record_to_file
 from quarl_edge.runtimes import fsutil
@@ -430,12 +432,13 @@ def test_junit_has_one_testcase_per_model_and_check_in_the_xsd_shape() -> None:
 # --- 3. a finished measurement is never lost ---------------------------------------------------------
 
 
-def _counting(calls: list[list[str]]) -> Any:
-    def transport(bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
-        calls.append(args)
-        yield from local_transport(bundle, args)
+def _counting(calls: list[list[str]]) -> LocalTransport:
+    class Counting(LocalTransport):
+        def __call__(self, bundle: Path, args: list[str]) -> Iterator[dict[str, Any]]:
+            calls.append(args)
+            yield from super().__call__(bundle, args)
 
-    return transport
+    return Counting()
 
 
 def test_a_report_that_cannot_be_written_keeps_the_partial_and_resume_writes_it(

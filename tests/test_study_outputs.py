@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from quarl_edge.common.figures import save_png
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.study._common import write_tables
-from quarl_edge.study.plots import _save
 
 HEADER = ("policy", "variant")
 STUDY = {"format": "quarl-edge/study-ptq", "results": []}
@@ -44,9 +44,9 @@ def test_a_png_not_made_by_the_study_is_refused(tmp_path: Path) -> None:
     photo = tmp_path / "ptq_reward_vs_bits.png"
     photo.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)  # someone's image, not a matplotlib figure
     with pytest.raises(InputError):
-        _save(plt.figure(), photo)
+        save_png(plt.figure(), photo)
     assert photo.read_bytes().startswith(b"\x89PNG") and len(photo.read_bytes()) == 72
     ours = tmp_path / "ok.png"
-    _save(plt.figure(), ours)
-    _save(plt.figure(), ours)  # its own figure is replaced
+    save_png(plt.figure(), ours)
+    save_png(plt.figure(), ours)  # its own figure is replaced
     assert ours.is_file()

@@ -29,11 +29,11 @@ from quarl_edge.devices.ssh import SSHConnection, sh
 from quarl_edge.runtimes import load_policy
 from quarl_edge.runtimes.board import stream_bundle
 from quarl_edge.runtimes.errors import InputError, IntegrityError, QuarlError
+from quarl_edge.runtimes.signer import sign_bundle
 from quarl_edge.runtimes.signing import (
     TRUST_FILE,
     check_signature,
     public_key_line,
-    sign_bundle,
     signed_by,
     trust_file,
 )

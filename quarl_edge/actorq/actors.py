@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from quarl_edge.actorq.broadcast import graph_name, int8_evidence
 from quarl_edge.actorq.result import RoleTime, Throughput
+from quarl_edge.actorq.sessions import open_model
+from quarl_edge.actorq.throughput import inference_throughput
+from quarl_edge.policy.registry import make
 
 ACTOR_FIELDS = ("inference", "env_step", "record", "weight_pull", "deserialize", "weight_load", "idle")
 LEARNER_FIELDS = (
@@ -31,6 +35,38 @@ LEARNER_FIELDS = (
     "bookkeeping",
     "idle",
 )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one ``collect`` call sends the learner: the transitions as arrays (its replay buffer inserts
+    them: obs, actions, rewards, next_obs, and dones or D4PG's discounts), the episodes that ended, and
+    where the actor's time went."""
+
+    actor_id: int
+    env_steps: int
+    """environment steps taken (D4PG's n-step transitions are not one per step)"""
+    transitions: dict[str, np.ndarray]
+    episodes: list[tuple[float, int]]
+    """(return, length) of each episode that ended in this call"""
+    version: int
+    """the broadcast the actor ran"""
+    breakdown: RoleTime
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """What an actor is running (``inspect``): the tests' evidence that int8 actors run int8."""
+
+    precision: str
+    runtime: str
+    version: int
+    """the broadcast it last pulled"""
+    steps: int
+    graph: str | None = None
+    """``qnet`` or ``actor``: what its payload holds (None: no payload pulled yet)"""
+    evidence: dict[str, int] | None = None
+    """quantize / dequantize ops and int8 vs float weight matrices of its payload (broadcast.int8_evidence)"""
 
 
 class LapTimer:
@@ -64,8 +100,6 @@ class Actor:
     """One experience collector (wrapped with ``ray.remote`` by the learner)."""
 
     def __init__(self, env_id: str, seed: int, actor_id: int) -> None:
-        from quarl_edge.policy.registry import make
-
         self.actor_id = actor_id
         self.env = make(env_id)  # with the registry's preprocessing (DM Control: flattened Dict)
         self.rng = np.random.default_rng(seed)
@@ -83,8 +117,6 @@ class Actor:
     def _pull(self, box: list[Any]) -> None:
         import ray
 
-        from quarl_edge.actorq.sessions import open_model
-
         payload = ray.get(box[0])
         self.timer.lap("weight_pull")
         if payload.runtime == "onnx":
@@ -99,9 +131,7 @@ class Actor:
         self._last_model = payload.model
         self.timer.lap("weight_load")
 
-    def collect(
-        self, steps: int, epsilon: float, version: int, box: list[Any], update_period: int
-    ) -> dict[str, Any]:
+    def collect(self, steps: int, epsilon: float, version: int, box: list[Any], update_period: int) -> Batch:
         t = self.timer
         t.lap("idle")  # since the previous call returned: waiting for the learner
         if self.session is None or (self.since_pull >= update_period and version > self.version):
@@ -137,35 +167,25 @@ class Actor:
             t.lap("record")
             if self.since_pull >= update_period and version > self.version:
                 self._pull(box)
-        return {
-            "actor_id": self.actor_id,
-            "env_steps": steps,
+        arrays: dict[str, np.ndarray] = {
             "obs": obs_buf,
             "next_obs": next_buf,
             "actions": act_buf,
             "rewards": rew_buf,
             "dones": done_buf,
-            "episodes": episodes,
-            "version": self.version,
-            "breakdown": t.report(),
         }
+        return Batch(self.actor_id, steps, arrays, episodes, self.version, t.report())
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> ActorInfo:
         """What this actor is running: precision, broadcast version and the session's graph evidence."""
-        from quarl_edge.actorq.broadcast import graph_name, int8_evidence
-
-        info: dict[str, Any] = {"precision": self.precision, "runtime": self.runtime, "version": self.version,
-                                "steps": self.steps}  # fmt: skip
-        if self._last_model is not None:
-            info["graph"] = graph_name(self.runtime, self._last_model)
-            info["evidence"] = int8_evidence(self.runtime, self._last_model)
-        return info
+        model = self._last_model
+        return ActorInfo(self.precision, self.runtime, self.version, self.steps,
+                         None if model is None else graph_name(self.runtime, model),
+                         None if model is None else int8_evidence(self.runtime, model))  # fmt: skip
 
     def benchmark(self, boxes: dict[str, list[Any]], calls: int | None = None) -> Throughput:
         """Inference throughput of each broadcast payload in this actor's process (one thread, batch 1)."""
         import ray
-
-        from quarl_edge.actorq.throughput import inference_throughput
 
         payloads = {p: ray.get(b[0]) for p, b in boxes.items()}
         n_obs = int(np.prod(self.env.observation_space.shape or (1,)))
@@ -196,9 +216,7 @@ class ContinuousActor(Actor):
         out.append((obs, action, ret, next_obs, discount))
         self.window.popleft()
 
-    def collect(
-        self, steps: int, noise: float, version: int, box: list[Any], update_period: int
-    ) -> dict[str, Any]:
+    def collect(self, steps: int, noise: float, version: int, box: list[Any], update_period: int) -> Batch:
         t = self.timer
         t.lap("idle")
         if self.session is None or (self.since_pull >= update_period and version > self.version):
@@ -234,15 +252,11 @@ class ContinuousActor(Actor):
                 self._pull(box)
         n_obs, n_act = int(np.prod(self.env.observation_space.shape or (1,))), len(self.low)
         cols: list[Any] = list(zip(*out, strict=True)) if out else [[]] * 5
-        return {
-            "actor_id": self.actor_id,
-            "env_steps": steps,
+        arrays: dict[str, np.ndarray] = {
             "obs": np.asarray(cols[0], np.float32).reshape(-1, n_obs),
             "actions": np.asarray(cols[1], np.float32).reshape(-1, n_act),
             "rewards": np.asarray(cols[2], np.float32),
             "next_obs": np.asarray(cols[3], np.float32).reshape(-1, n_obs),
             "discounts": np.asarray(cols[4], np.float32),
-            "episodes": episodes,
-            "version": self.version,
-            "breakdown": t.report(),
         }
+        return Batch(self.actor_id, steps, arrays, episodes, self.version, t.report())

@@ -27,15 +27,25 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from quarl_edge.actorq.tflite import graph_name as tflite_graph_name
+from quarl_edge.actorq.tflite import int8_evidence as tflite_evidence
+from quarl_edge.actorq.tflite import mlp_tflite
+
+if TYPE_CHECKING:
+    import torch  # the actors never import torch (an int8 session in a process with torch runs slower)
 
 PRECISIONS = ("fp32", "fp16", "int8")
 RUNTIMES = ("onnx", "litert")
 INPUT_NAME, OUTPUT_NAME = "obs", "q"
 Squash = tuple[np.ndarray, np.ndarray]
 """(scale, bias) of a continuous actor: action = tanh(mlp(obs)) * scale + bias, per action dimension"""
+
+StateDict = dict[str, "torch.Tensor"]
+"""a policy network's ``state_dict()``: what the learner broadcasts"""
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class Payload:
         return len(self.model)
 
 
-def mlp_layers(state_dict: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+def mlp_layers(state_dict: StateDict) -> list[tuple[np.ndarray, np.ndarray]]:
     """(weight [out, in], bias [out]) of each Linear of an nn.Sequential MLP, in order."""
     weights = sorted(k for k in state_dict if k.endswith(".weight"))
     weights.sort(key=lambda k: int(k.split(".")[-2]))
@@ -131,7 +141,7 @@ class _Calibration:
 
 
 def quantize_broadcast(
-    state_dict: dict[str, Any],
+    state_dict: StateDict,
     precision: str,
     calib_obs: np.ndarray | None,
     version: int,
@@ -146,8 +156,6 @@ def quantize_broadcast(
         # before any experience: a unit-range guess, replaced at the next broadcast
         calib = np.random.default_rng(0).standard_normal((64, layers[0][0].shape[1])).astype(np.float32)
     if runtime == "litert":
-        from quarl_edge.actorq.tflite import mlp_tflite
-
         return Payload(version, precision, mlp_tflite(layers, precision, squash, calib), runtime)
     model = mlp_onnx(layers, fp16=precision == "fp16", squash=squash)
     if precision != "int8":
@@ -176,8 +184,6 @@ def quantize_broadcast(
 def graph_name(runtime: str, model: bytes) -> str:
     """``qnet`` or ``actor``: what a payload holds."""
     if runtime == "litert":
-        from quarl_edge.actorq.tflite import graph_name as tflite_graph_name
-
         return tflite_graph_name(model)
     import onnx
 
@@ -188,8 +194,6 @@ def int8_evidence(runtime: str, model: bytes) -> dict[str, int]:
     """Counts that show a payload really is int8, the same keys for both runtimes: quantize and
     dequantize ops, weight matrices stored as int8 and as float."""
     if runtime == "litert":
-        from quarl_edge.actorq.tflite import int8_evidence as tflite_evidence
-
         return tflite_evidence(model)
     import onnx
     from onnx import TensorProto

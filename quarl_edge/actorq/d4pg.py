@@ -12,6 +12,7 @@ int8 = ORT static QDQ) and every role records its time the same way; log.json ha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ from torch import nn
 from quarl_edge.actorq.actors import ContinuousActor
 from quarl_edge.actorq.broadcast import Squash
 from quarl_edge.actorq.checkpoint import Part
-from quarl_edge.actorq.loop import LOG_VERSION, ActorQArgs, OnChunk, run
-from quarl_edge.actorq.result import ActorQLog
+from quarl_edge.actorq.loop import ActorQArgs, OnChunk, run
+from quarl_edge.actorq.result import LOG_VERSION, ActorQLog
+from quarl_edge.policy.registry import make
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 __all__ = ["LOG_VERSION", "Actor", "Args", "Critic", "D4PGLearner", "ReplayBuffer", "project", "train"]
 
@@ -126,8 +129,6 @@ def support(args: Args, probe_steps: int = 2_000) -> tuple[float, float, str]:
     base = args.env.split("/")[-1].rsplit("-v", 1)[0]
     if base in SUPPORTS:
         return (*SUPPORTS[base], "known task")
-    from quarl_edge.policy.registry import make
-
     env = make(args.env)
     env.action_space.seed(args.seed)
     env.reset(seed=args.seed)
@@ -205,7 +206,7 @@ class ReplayBuffer:
         self.discounts = np.zeros(capacity, np.float32)
         self.capacity, self.pos, self.size = capacity, 0, 0
 
-    def add_batch(self, b: dict[str, Any]) -> None:
+    def add_batch(self, b: Mapping[str, np.ndarray]) -> None:
         idx = (self.pos + np.arange(len(b["rewards"]))) % self.capacity
         for k in self.KEYS:
             getattr(self, k)[idx] = b[k]
@@ -297,7 +298,7 @@ class D4PGLearner:
                     tp.mul_(1 - self.args.tau).add_(p, alpha=self.args.tau)
         self.losses = {"critic_loss": critic_loss.item(), "actor_loss": actor_loss.item()}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         return {"losses": self.losses,
                 "support": {"v_min": float(self.support[0]), "v_max": float(self.support[-1]),
                             "atoms": len(self.support), "source": self.support_source}}  # fmt: skip

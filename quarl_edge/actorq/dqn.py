@@ -8,6 +8,7 @@ epsilon-greedy over the broadcast Q-network are quarl_edge/actorq/actors.py's `A
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from torch import nn
 from quarl_edge.actorq.actors import Actor
 from quarl_edge.actorq.broadcast import Squash
 from quarl_edge.actorq.checkpoint import Part
-from quarl_edge.actorq.loop import LOG_VERSION, ActorQArgs, OnChunk, run
-from quarl_edge.actorq.result import ActorQLog
+from quarl_edge.actorq.loop import ActorQArgs, OnChunk, run
+from quarl_edge.actorq.result import LOG_VERSION, ActorQLog
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 __all__ = ["ALGOS", "LOG_VERSION", "Args", "DQNLearner", "QNetwork", "ReplayBuffer", "train"]
 
@@ -100,7 +102,7 @@ class ReplayBuffer:
         self.dones = np.zeros(capacity, np.float32)
         self.capacity, self.pos, self.size = capacity, 0, 0
 
-    def add_batch(self, b: dict[str, Any]) -> None:
+    def add_batch(self, b: Mapping[str, np.ndarray]) -> None:
         idx = (self.pos + np.arange(len(b["actions"]))) % self.capacity
         self.obs[idx], self.next_obs[idx], self.actions[idx] = b["obs"], b["next_obs"], b["actions"]
         self.rewards[idx], self.dones[idx] = b["rewards"], b["dones"]
@@ -161,7 +163,7 @@ class DQNLearner:
         if n % self.args.target_network_frequency == 0:
             self.target_network.load_state_dict(self.q_network.state_dict())
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         return {}
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,15 +25,19 @@ import numpy as np
 import torch
 
 from quarl_edge.actorq import checkpoint
-from quarl_edge.actorq.actors import LEARNER_FIELDS, LapTimer
+from quarl_edge.actorq.actors import LEARNER_FIELDS, Batch, LapTimer
 from quarl_edge.actorq.broadcast import PRECISIONS, Squash, quantize_broadcast
 from quarl_edge.actorq.energy import EnergyMeter
-from quarl_edge.actorq.result import LOG_VERSION, ActorQLog, CurvePoint, RoleTime, RuntimeChoice
+from quarl_edge.actorq.plots import plot_breakdown, plot_curve
+from quarl_edge.actorq.result import ActorQLog, CurvePoint, RoleTime, RuntimeChoice
 from quarl_edge.actorq.sessions import check_runtime
 from quarl_edge.actorq.throughput import actor_throughput, choose_runtime
 from quarl_edge.parallel import start_ray
+from quarl_edge.policy.registry import make
 from quarl_edge.runtimes.errors import InputError, MissingDependencyError, QuarlError
-from quarl_edge.typed import items, load, to_json
+from quarl_edge.runtimes.fsutil import atomic_write_json
+from quarl_edge.runtimes.schema import JSONObject
+from quarl_edge.typed import to_json
 
 OnChunk = Callable[[int, list[Any]], None]
 """``on_chunk(env_steps, actor_handles)``: called after every received batch (tests kill actors)"""
@@ -115,8 +119,6 @@ class ActorQArgs:
 
     def action_space(self) -> Any:
         """The task's action space; InputError when the environment cannot be made."""
-        from quarl_edge.policy.registry import make
-
         try:
             env = make(self.env)
         except QuarlError:  # the registry's own one-line errors (unknown DM Control task, missing extra)
@@ -141,7 +143,10 @@ class Replay(Protocol):
     obs: np.ndarray
     size: int
 
-    def add_batch(self, b: dict[str, Any]) -> None: ...
+    def add_batch(self, b: Mapping[str, np.ndarray]) -> None:
+        """Insert transitions (an actor's Batch.transitions, or a checkpoint's replay arrays)."""
+        ...
+
     def sample(self, n: int, rng: np.random.Generator) -> tuple[torch.Tensor, ...]: ...
     def arrays(self) -> dict[str, np.ndarray]: ...
 
@@ -177,7 +182,7 @@ class Learner(Protocol):
         """Learner update number ``n`` (from 1) on a batch sampled from the replay buffer."""
         ...
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         """Extra log.json entries, placed after learner_updates."""
         ...
 
@@ -187,14 +192,14 @@ RESUME_MAY_CHANGE = ("steps", "resume", "address", "extra", "out", "checkpoint_e
 """settings a resumed run may change: how far it goes and where it runs, not what it learns"""
 
 
-def _args_json(args: ActorQArgs) -> dict[str, Any]:
+def _args_json(args: ActorQArgs) -> JSONObject:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
 
 
 def _check_resume_args(args: ActorQArgs, ckpt: Path) -> None:
     """InputError when the checkpoint was written with other learning settings than ``args``
     (checkpoints from before the settings were saved carry none and are taken as they are)."""
-    saved = json.loads((ckpt / "state.json").read_text()).get("args")
+    saved = checkpoint.read_state(ckpt).args
     if saved is None:
         return
     now = json.loads(json.dumps(_args_json(args)))  # tuples as lists, like the saved JSON
@@ -226,8 +231,6 @@ def run(
 
 def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnChunk | None, ray: Any,
          RayActorError: type[BaseException]) -> ActorQLog:  # fmt: skip
-    from quarl_edge.policy.registry import make
-
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -239,7 +242,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
     rb = learner.replay
     global_step, updates, version = 0, 0, 0
     curve: list[CurvePoint] = []
-    events: list[dict[str, Any]] = []
+    events: list[JSONObject] = []
     resumed_choice: RuntimeChoice | None = None
     wall_before = 0.0  # a resumed run's wall seconds before its checkpoint: curve times continue from there
     ckpt = args.out / "checkpoint"
@@ -247,9 +250,10 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         _check_resume_args(args, ckpt)
         state, replay = checkpoint.load(ckpt, learner.parts())
         rb.add_batch(replay)
-        global_step, updates, version = state["global_step"], state["updates"], state["version_broadcast"]
-        curve, resumed_choice = _resumed(state, ckpt)  # the runtime auto chose before: kept for the whole run
-        wall_before = float(state.get("wall_s", curve[-1].wall_s if curve else 0.0))
+        global_step, updates, version = state.global_step, state.updates, state.version_broadcast
+        curve = list(state.curve)
+        resumed_choice = state.actor_runtime  # the runtime auto chose before: kept for the whole run
+        wall_before = state.wall_before
         events.append({"event": "resumed", "env_steps": global_step, "wall_s": round(wall_before, 3)})
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -281,9 +285,9 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         return [ray.put(payload)]  # once for all actors; the list keeps Ray from resolving it per call
 
     def save_checkpoint() -> None:
-        state = {"version": LOG_VERSION, "global_step": global_step, "updates": updates,
-                 "version_broadcast": version, "curve": to_json(curve), "args": _args_json(args),
-                 "actor_runtime": to_json(runtime_choice), "wall_s": wall_before + time.perf_counter() - start_wall}  # fmt: skip
+        state = checkpoint.LearnerState(global_step=global_step, updates=updates, version_broadcast=version,
+                                        curve=tuple(curve), args=_args_json(args), actor_runtime=runtime_choice,
+                                        wall_s=wall_before + time.perf_counter() - start_wall)  # fmt: skip
         checkpoint.save(ckpt, learner.parts(), rb.arrays(), state)
 
     payload_bytes: list[int] = []
@@ -320,7 +324,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
             timer.lap("idle")
             slot = pending.pop(ready[0])
             try:
-                batch = ray.get(ready[0])
+                batch: Batch = ray.get(ready[0])
             except RayActorError as e:
                 dead = slot_ids[slot]
                 events.append({"event": "actor_died", "actor": dead, "env_steps": global_step,
@@ -334,16 +338,16 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
                 timer.lap("bookkeeping")
                 continue
             timer.lap("receive")
-            rb.add_batch(batch)
+            rb.add_batch(batch.transitions)
             timer.lap("replay_insert")
-            n_new = batch["env_steps"]  # D4PG's n-step transitions are not one per env step
+            n_new = batch.env_steps  # D4PG's n-step transitions are not one per env step
             global_step += n_new
             wall = time.perf_counter() - start_wall
-            actor_reports[batch["actor_id"]] = replace(batch["breakdown"], version=batch["version"])
+            actor_reports[batch.actor_id] = replace(batch.breakdown, version=batch.version)
             joules = meter.joules(sum(cpu_s().values()))  # so far, for the energy to a target return
-            for ret, length in batch["episodes"]:
+            for ret, length in batch.episodes:
                 curve.append(CurvePoint(wall_s=round(wall_before + wall, 4), env_steps=global_step, ret=ret,
-                                        length=length, actor=batch["actor_id"],
+                                        length=length, actor=batch.actor_id,
                                         energy_j=round(joules_before + joules, 3)))  # fmt: skip
             if on_chunk is not None:
                 on_chunk(global_step, actors)
@@ -394,21 +398,7 @@ def _run(args: A, make_learner: Callable[[A, int, Any], Learner], on_chunk: OnCh
         breakdown={"learner": learner_report, **{f"actor{k}": v for k, v in sorted(actor_reports.items())}},
         curve=tuple(curve), events=tuple(events),
     )  # fmt: skip
-    checkpoint.write_json(args.out / "log.json", log.to_dict())
-    from quarl_edge.actorq.plots import plot_breakdown, plot_curve
-
+    atomic_write_json(args.out / "log.json", log.to_dict())
     plot_breakdown(log, args.out / "breakdown.png")
     plot_curve(log, args.out / "curve.png")
     return log
-
-
-def _resumed(state: dict[str, Any], ckpt: Path) -> tuple[list[CurvePoint], RuntimeChoice | None]:
-    """A checkpoint's curve and runtime choice, checked (a damaged checkpoint is one line)."""
-    where = f"checkpoint {str(ckpt)!r}"
-
-    def read() -> tuple[list[CurvePoint], RuntimeChoice | None]:
-        curve = [CurvePoint.from_dict(p, f"{where} curve") for p in items(state.get("curve") or [], where)]
-        choice = state.get("actor_runtime")
-        return curve, None if choice is None else RuntimeChoice.from_dict(choice, f"{where} actor_runtime")
-
-    return load(read, where, "delete the checkpoint folder to start the run afresh")

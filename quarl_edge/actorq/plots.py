@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
+
+import numpy as np
 
 from quarl_edge.actorq.result import ActorQLog, RunSummary
+from quarl_edge.common.figures import pyplot, save_png
 
 
 def plot_breakdown(log: ActorQLog, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     roles = {k: v.seconds for k, v in log.breakdown.items() if v.seconds is not None}
     fields = sorted({f for v in roles.values() for f in v})
     fig, ax = plt.subplots(figsize=(1.2 * len(roles) + 4, 4))
@@ -28,15 +25,11 @@ def plot_breakdown(log: ActorQLog, path: Path) -> None:
     ax.set_ylabel("seconds")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path, owner="ActorQ", dpi=100, tight=False)
 
 
 def plot_curve(log: ActorQLog, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     c = log.curve
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
     a1.plot([p.wall_s for p in c], [p.ret for p in c], ".", ms=3)
@@ -45,17 +38,13 @@ def plot_curve(log: ActorQLog, path: Path) -> None:
     a2.set_xlabel("environment steps")
     a1.set_ylabel("episodic return")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path, owner="ActorQ", dpi=100, tight=False)
 
 
 def plot_study_breakdown(runs: list[RunSummary], path: Path) -> None:
     """The paper's figure: actor seconds per 1000 env steps, stacked by field, per precision, grouped by
     update period (the mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(dict.fromkeys((r.update_period, r.precision) for r in runs))
     fields = sorted({f for r in runs for f in r.actor_s_per_1k_steps})
     mean: dict[tuple[int, str], dict[str, float]] = {}
@@ -77,18 +66,13 @@ def plot_study_breakdown(runs: list[RunSummary], path: Path) -> None:
     ax.set_ylabel("actor seconds per 1000 env steps")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path, owner="ActorQ", dpi=100, tight=False)
 
 
 def plot_study_curves(runs: list[RunSummary], path: Path) -> None:
     """Learning curves per precision: the rolling mean of the last 10 episodes, mean over seeds with a
     min-max band, against environment steps (left) and wall time (right); the target return dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for precision in dict.fromkeys(r.precision for r in runs):
         rs = [r for r in runs if r.precision == precision and r.curve]
@@ -114,16 +98,4 @@ def plot_study_curves(runs: list[RunSummary], path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"ActorQ {runs[0].task}\nlearning curves by actor precision", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from quarl_edge.study._common import claim_output
-
-    claim_output(path, "png")  # a study's or a run's own figure only
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_png(fig, path, owner="ActorQ", dpi=100, tight=False)

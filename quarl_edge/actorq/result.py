@@ -5,12 +5,15 @@ study of an earlier version lacks is None."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quarl_edge.runtimes.artifact import MAX_JSON_BYTES
+from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.typed import (
     OMIT_NONE,
     build,
@@ -221,7 +224,7 @@ class ActorQLog:
         """The actors that reported where their time went."""
         return [v for k, v in self.breakdown.items() if k.startswith("actor") and v.seconds is not None]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         body = fields_json(self)
         out = {k: body[k] for k in ("version", "args", "env_steps", "learner_updates")}
         out.update(body["learner"])
@@ -248,8 +251,6 @@ class ActorQLog:
 def read_log(path: Path) -> ActorQLog | None:
     """A finished run's ``log.json``, every number checked; None when there is none (or it is not JSON: a
     run cut while writing it is run again)."""
-    import json
-
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             return None
@@ -263,7 +264,7 @@ def read_log(path: Path) -> ActorQLog | None:
 # ---- the study -------------------------------------------------------------------------------------
 
 
-def _ordered(x: Any, order: Sequence[str]) -> dict[str, Any]:
+def _ordered(x: Any, order: Sequence[str]) -> JSONObject:
     """A dataclass's JSON with its keys in ``order`` (the committed files' order)."""
     body = fields_json(x)
     return {k: body[k] for k in order if k in body}
@@ -320,7 +321,7 @@ class RunSummary:
             number(point[1], "curve wall seconds", lo=0)
             number(point[2], "curve return")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _ordered(self, self.ORDER)
 
     @classmethod
@@ -387,7 +388,7 @@ class StudyRow:
         if self.energy_source is not None and not isinstance(self.energy_source, str):
             raise ValueError("energy_source is not a string")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _ordered(self, self.ORDER)
 
 
@@ -408,7 +409,7 @@ class ActorQStudy:
         text(self.suite, "suite")
         integer(self.version, "version", lo=1, hi=STUDY_VERSION)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         body = fields_json(self)
         return {"format": STUDY_FORMAT, "version": self.version, "suite": self.suite, "config": body["config"],
                 "runs": body["runs"], "rows": body["rows"], "not_run": body["not_run"]}  # fmt: skip
@@ -425,10 +426,6 @@ class ActorQStudy:
 
 def read_study(path: Path) -> ActorQStudy:
     """An ActorQ study's ``actorq.json`` (also of an earlier version, without a format tag)."""
-    import json
-
-    from quarl_edge.runtimes.errors import InputError
-
     where = f"ActorQ study {str(path)!r}"
     try:
         data = json.loads(path.read_bytes())

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from quarl_edge.actorq.broadcast import StateDict, quantize_broadcast
 from quarl_edge.actorq.result import RuntimeChoice, Throughput
-from quarl_edge.actorq.sessions import open_model
+from quarl_edge.actorq.sessions import available_runtimes, open_model
 
 
 def inference_throughput(
@@ -57,7 +58,7 @@ def inference_throughput(
 
 def actor_throughput(
     handle: Any,
-    state_dict: dict[str, Any],
+    state_dict: StateDict,
     precision: str,
     calib_obs: np.ndarray | None,
     squash: Any = None,
@@ -69,12 +70,10 @@ def actor_throughput(
     return replace(_in_actor(handle, variants, state_dict, calib_obs, squash), runtime=runtime)
 
 
-def _in_actor(handle: Any, variants: dict[str, tuple[str, str]], state_dict: dict[str, Any],
+def _in_actor(handle: Any, variants: dict[str, tuple[str, str]], state_dict: StateDict,
               calib_obs: np.ndarray | None, squash: Any) -> Throughput:  # fmt: skip
     """Each labelled (precision, runtime) payload of the weights, timed side by side in a live Ray actor."""
     import ray
-
-    from quarl_edge.actorq.broadcast import quantize_broadcast
 
     boxes = {label: [ray.put(quantize_broadcast(state_dict, p, calib_obs, -1, squash, r))]
              for label, (p, r) in variants.items()}  # fmt: skip
@@ -83,15 +82,13 @@ def _in_actor(handle: Any, variants: dict[str, tuple[str, str]], state_dict: dic
 
 def choose_runtime(
     handle: Any,
-    state_dict: dict[str, Any],
+    state_dict: StateDict,
     precision: str,
     calib_obs: np.ndarray | None,
     squash: Any = None,
 ) -> RuntimeChoice:
     """``--actor-runtime auto``: the payload at ``precision`` on every installed runtime, timed side by side
     inside one live Ray actor; the fastest is ``chosen``."""
-    from quarl_edge.actorq.sessions import available_runtimes
-
     runtimes = available_runtimes()
     if len(runtimes) == 1:
         return RuntimeChoice(runtimes[0], {}, "the only actor runtime installed")

@@ -1,5 +1,5 @@
-"""A named device as a bench sees it: its profile's transport (local or SSH), the report's device before the
-device adds its own facts, the partial file's kind. The bench itself, on one device or many, is
+"""A named device as a bench sees it: the report's device before the device adds its own facts (its
+transport: bench/transport.py transport_for), the partial file's kind. The bench itself, on one device or many, is
 bench/fleet.py.
 """
 
@@ -10,22 +10,12 @@ from pathlib import Path
 from quarl_edge.bench.partial import PARTIAL_FORMAT
 from quarl_edge.bench.result import Device
 from quarl_edge.bench.run import BenchConfig
-from quarl_edge.bench.transport import Transport, local_transport
 from quarl_edge.devices.profiles import DeviceProfile
 from quarl_edge.outputs import Kind, json_format
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
 
 PARTIAL = Kind("partial bench file", False, lambda p: json_format(p) == PARTIAL_FORMAT)
-
-
-def transport_for(profile: DeviceProfile) -> Transport:
-    """The function that runs the device runner for this profile (a Transport of quarl_edge.bench.run)."""
-    if profile.transport == "local":
-        return local_transport
-    from quarl_edge.devices.remote import SSHTransport
-
-    return SSHTransport(profile)  # type: ignore[return-value]
 
 
 def device_stub(profile: DeviceProfile) -> Device:

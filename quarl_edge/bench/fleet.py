@@ -35,19 +35,20 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge import __version__
-from quarl_edge.bench.device import PARTIAL, device_stub, transport_for, unwritable
+from quarl_edge.bench.device import PARTIAL, device_stub, unwritable
 from quarl_edge.bench.fleet_result import Failure, FleetReport, FleetSettings
 from quarl_edge.bench.partial import PartialBench, partial_path
 from quarl_edge.bench.report import REPORT, REPORT_MARKDOWN, write_report
 from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench, board_preflight, bundle_info, partial_key, plan
-from quarl_edge.bench.transport import Event, Transport
+from quarl_edge.bench.transport import Event, Transport, transport_for
 from quarl_edge.devices.preflight import check_host_ready
 from quarl_edge.devices.profiles import DeviceProfile, load_profile
 from quarl_edge.outputs import claim
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import InputError, Interrupted, QuarlError
 from quarl_edge.runtimes.manifest import Manifest
+from quarl_edge.runtimes.schema import JSONObject
 
 SSH_FLAGS = ("host", "user", "port", "identity")
 STOP_GRACE_S = 5.0
@@ -324,25 +325,22 @@ def _run(m: _Member, fleet: _Fleet) -> None:
     except BaseException as e:
         m.error = e
     finally:
-        close = getattr(m.transport, "close", None)
-        if close is not None:
-            close()
+        m.transport.close()
 
 
 def _preflight(m: _Member, fleet: _Fleet) -> None:
     """The device's pre-flight, then wait until every device has passed its own."""
-    prepare = getattr(m.transport, "prepare", None)
-    if prepare is None:  # this machine: the runner is a child process of this Python
+    if m.profile.transport == "local":  # this machine: the runner is a child process of this Python
         check_host_ready(fleet.manifest, fleet.names, len(m.cfg.seeds), m.profile.name)
         fleet.ready.wait()
         return
     board = board_preflight(fleet.manifest, m.cfg, fleet.names, m.profile.name)
 
-    def check_then_wait(facts: dict[str, Any], upload_bytes: int) -> None:
+    def check_then_wait(facts: JSONObject, upload_bytes: int) -> None:
         board(facts, upload_bytes)
         fleet.ready.wait()  # before the upload: a board that fails stops the others' uploads too
 
-    prepare(fleet.req.bundle, m.cfg.trace, preflight=check_then_wait)
+    m.transport.prepare(fleet.req.bundle, m.cfg.trace, preflight=check_then_wait)
 
 
 def _preflight_error(m: _Member, devices: int) -> BaseException:

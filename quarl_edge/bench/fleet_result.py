@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from quarl_edge.bench.result import NAME_MAX, REPORT_FORMAT, BenchReport, BundleInfo
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.typed import (
     build,
     fields_json,
@@ -209,7 +209,7 @@ class FleetReport:
         """Per model, the device with the lowest p50 (see ComparisonRow.fastest)."""
         return {r.model: r.device for r in self.comparison() if r.fastest}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The report JSON: a finished fleet of one as that device's own report, a fleet as sections."""
         one = self.single
         if one is not None:

@@ -7,6 +7,7 @@ Markdown cell or line. The report as a whole (a fleet, or one device) is bench/r
 from __future__ import annotations
 
 from quarl_edge.bench.result import BenchReport, ModelResult
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.runtimes.facts import facts_text
 from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.text import md_cell
@@ -187,10 +188,8 @@ def markdown(report: BenchReport) -> str:
         md_cell(runtimes_line(report)),
         "",
         *([f"Device facts: {md_cell(facts_text(facts))}.", ""] if facts.get("machine") else []),
-        "| " + " | ".join(columns(report)) + " |",
-        "|" + "---|" * len(columns(report)),
+        *markdown_table(columns(report), rows(report)),
     ]
-    lines += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in rows(report)]
     sustained = sustained_lines(report)
     if sustained:
         lines += [

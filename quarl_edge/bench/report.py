@@ -14,6 +14,7 @@ from pathlib import Path
 from quarl_edge.bench import render
 from quarl_edge.bench.fleet_result import FLEET_FORMAT, FLEET_VERSION, FleetReport
 from quarl_edge.bench.result import FIX, REPORT_FORMAT, REPORT_VERSION, BenchReport
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, json_format, text_starts_with
 from quarl_edge.parity import parity_line
 from quarl_edge.runtimes.artifact import read_artifact
@@ -172,9 +173,7 @@ def markdown(report: FleetReport | BenchReport) -> str:
         "",
         "## Comparison",
         "",
-        "| " + " | ".join(FLEET_COLUMNS) + " |",
-        "|" + "---|" * len(FLEET_COLUMNS),
-        *("| " + " | ".join(md_cell(c) for c in r) + " |" for r in comparison_rows(report)),
+        *markdown_table(FLEET_COLUMNS, comparison_rows(report)),
         "",
         "speedup vs fp32 and drop: against the fp32 model on the same device; fastest: the lowest p50 for "
         "that model across the fleet.",

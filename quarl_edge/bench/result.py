@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from quarl_edge.runtimes.inloop import InLoopStats
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.sustained import SustainedStats, Window
 from quarl_edge.runtimes.thermal import ThermalReading
 from quarl_edge.stats import Drift
@@ -461,7 +461,7 @@ class BenchReport:
     def has_in_loop(self) -> bool:
         return self.settings.hz is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The report JSON (the format tune.json and `gate` read; NaN and inf as null)."""
         return {"format": REPORT_FORMAT, "schema_version": REPORT_VERSION, **fields_json(self)}
 

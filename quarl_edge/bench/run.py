@@ -2,26 +2,24 @@
 
 Each model runs in its own process (the device runner, ``python -m quarl_edge.runtimes run``), so
 load time, first inference and peak RSS are its own, and the runner's imports are those of a device.
-Devices other than ``local`` plug in as transports that run the same runner elsewhere (SSH:
-quarl_edge.devices.remote). A transport may also have ``prepare(bundle, trace)`` (connect, upload),
-``harness`` (its own timings, for the report) and ``device_facts`` (merged into the report's device).
-Finished episodes are kept in a partial file as they arrive (quarl_edge.bench.partial), so a bench that stops
+Devices other than ``local`` plug in as transports that run the same runner elsewhere (the Transport
+protocol and its registry: bench/transport.py; SSH: quarl_edge.devices.remote). Finished episodes are kept in a partial file as they arrive (quarl_edge.bench.partial), so a bench that stops
 part-way can be resumed.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from quarl_edge import __version__
+from quarl_edge.bench.config import BenchConfig
 from quarl_edge.bench.device_run import DeviceRun
 from quarl_edge.bench.env_on_host import host_episodes
 from quarl_edge.bench.partial import DEVICE_FIX, PartialBench, PartialKey
@@ -41,63 +39,18 @@ from quarl_edge.bench.result import (
     Settings,
 )
 from quarl_edge.bench.transport import Event, Transport, local_transport
-from quarl_edge.devices.link import local_link
 from quarl_edge.devices.preflight import check_ready
+from quarl_edge.devices.remote import Preflight
 from quarl_edge.runtimes.envs import bounds, make_env
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import sha256_file
-from quarl_edge.runtimes.inloop import InLoopStats, check_hz
+from quarl_edge.runtimes.inloop import InLoopStats
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
 from quarl_edge.runtimes.runner import episodes_in_loop
-from quarl_edge.runtimes.sustained import check_duration, sustained_warnings
+from quarl_edge.runtimes.sustained import sustained_warnings
 from quarl_edge.runtimes.trace import check_fits, load_trace
 from quarl_edge.stats import drift_scale, mean_std, paired_drift
 from quarl_edge.typed import load
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    episodes: int = 20
-    """closed-loop episodes per model, on seeds seed .. seed+episodes-1 (the same for every model)"""
-    seed: int = 1000
-    threads: int = 1
-    latency_samples: int = 1000
-    warmup: int = 50
-    max_steps: int | None = None
-    models: tuple[str, ...] | None = None
-    """bench only these models (the fp32 reference is always added)"""
-    trace: Path | None = None
-    """replay trace for action agreement; default: the bundle's own trace.npz"""
-    oversubscribe: bool = False
-    """let --threads exceed the device's cores (the runner refuses that otherwise)"""
-    env_on_host: bool = False
-    """closed-loop episodes with the env on this machine and only the policy on the device, one step at a
-    time over the link (for an env the board cannot install); the report splits policy from link time"""
-    hz: float | None = None
-    """control rate: time act() inside the episodes against a 1/hz budget (runtimes.loop)"""
-    duration_s: float | None = None
-    """a sustained loop per model, with the board's temperature, clock and throttling (runtimes.sustained)"""
-
-    def __post_init__(self) -> None:
-        check_hz(self.hz)
-        check_duration(self.duration_s)
-        if self.episodes < 0:
-            raise InputError(f"--episodes must be >= 0 (got {self.episodes})", "e.g. --episodes 20")
-        if self.threads < 1:
-            raise InputError(f"--threads must be >= 1 (got {self.threads})", "e.g. --threads 1")
-        if self.threads > 1024:
-            raise InputError(
-                f"--threads {self.threads} is not a thread count of any board", "e.g. --threads 4"
-            )
-        if self.seed < 0:
-            raise InputError(f"--seed must be >= 0 (got {self.seed}): environments take non-negative seeds",
-                             "e.g. --seed 1000")  # fmt: skip
-        if self.latency_samples < 0:
-            raise InputError("--latency-samples must be >= 0", "e.g. --latency-samples 1000")
-
-    @property
-    def seeds(self) -> list[int]:
-        return list(range(self.seed, self.seed + self.episodes))
 
 
 def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool = False) -> list[str]:
@@ -119,7 +72,7 @@ def _runner_args(cfg: BenchConfig, model: str, seeds: list[int], measured: bool 
     return args
 
 
-def _agreement(
+def action_agreement(
     manifest: Manifest, ref: Sequence[Any] | None, other: Sequence[Any] | None
 ) -> Agreement | None:
     """Agreement with fp32 on the trace's states (None without a trace); in [0, 1]: a continuous action's
@@ -213,9 +166,7 @@ def plan(bundle: Path, cfg: BenchConfig) -> tuple[Manifest, list[str], ModelEntr
     return manifest, names, ref
 
 
-def board_preflight(
-    manifest: Manifest, cfg: BenchConfig, names: list[str], where: str
-) -> Callable[[dict[str, Any], int], None]:
+def board_preflight(manifest: Manifest, cfg: BenchConfig, names: list[str], where: str) -> Preflight:
     """The check a transport's ``prepare`` runs once it knows the board's facts, before any upload:
     raises (one line naming ``where`` and the fix) when the board cannot run this bench."""
     on_board = 0 if cfg.env_on_host else len(cfg.seeds)  # episodes whose env runs there
@@ -279,16 +230,11 @@ def bench(
     startup: dict[str, float] = {}
     runs: dict[str, DeviceRun] = {}
     try:
-        prepare = getattr(transport, "prepare", None)
-        if prepare is not None:  # a board: checked for what this bench needs before any upload
-            prepare(
-                bundle,
-                cfg.trace,
-                preflight=board_preflight(manifest, cfg, names, stub.name),
-            )
+        # a board: checked for what this bench needs before any upload
+        transport.prepare(bundle, cfg.trace, preflight=board_preflight(manifest, cfg, names, stub.name))
         if cfg.env_on_host and cfg.seeds:
             make_env(manifest.policy.env).close()  # the env runs here: a missing package stops it now
-        facts = getattr(transport, "device_facts", None) or {}
+        facts = transport.device_facts
         for name in names:
             runs[name] = _run_model(name, cfg, bundle, manifest, transport, state, progress, startup)
             if progress:
@@ -300,7 +246,6 @@ def bench(
     where = f"the runner on {stub.name}"
     # the profile's name, transport and emulation stand; the device's own facts fill in the rest
     dev = load(lambda: Device.from_dict({**facts, **stub.to_dict()}, "the device's facts"), where, FIX)
-    harness = {**(getattr(transport, "harness", None) or {"transport": "local"}), "runner_startup_s": startup}
     return load(lambda: BenchReport(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         tool_version=__version__,
@@ -311,11 +256,21 @@ def bench(
         reference=ref.name,
         models=tuple(_model_result(name, runs[name], runs[ref.name], manifest, cfg, name == ref.name, where)
                      for name in names),
-        harness=Harness.from_dict(harness, "the transport's harness"),
+        harness=harness(transport, startup),
         resumed=Resumed(state.resumed_episodes) if resume else None,
         reward_not_measured=not_measured,
         source_parity=manifest.source_parity,
     ), where, "run the bench again; if it repeats, the device's runner is not quarl-edge's")  # fmt: skip
+
+
+def harness(transport: Transport, startup: dict[str, float]) -> Harness:
+    """The report's harness: the transport's own timings, and each model's runner start-up."""
+    t = transport.timings
+    if t is None:
+        return Harness(transport=transport.name, runner_startup_s=startup)
+    return Harness(transport=transport.name, connect_s=t.connect_s, cache_check_s=t.cache_check_s, upload_s=t.upload_s,
+                   uploaded_files=tuple(t.uploaded_files), uploaded_bytes=t.uploaded_bytes, info_s=t.info_s,
+                   runner_startup_s=startup)  # fmt: skip
 
 
 def _model_result(name: str, run: DeviceRun, ref_run: DeviceRun, manifest: Manifest, cfg: BenchConfig,
@@ -336,7 +291,7 @@ def _model_result(name: str, run: DeviceRun, ref_run: DeviceRun, manifest: Manif
             latency=lat,
             speedup_p50_vs_ref=ref_lat.p50_us / lat.p50_us if lat and ref_lat and lat.p50_us else None,
             reward=_reward(run), drift=drift,
-            agreement=None if is_ref else _agreement(manifest, ref_run.replay_actions, run.replay_actions),
+            agreement=None if is_ref else action_agreement(manifest, ref_run.replay_actions, run.replay_actions),
             warnings=tuple(_warnings(run, unit and drift is not None)),
             env_on_host=run.env_on_host, in_loop=_in_loop(run, cfg.hz), sustained=run.sustained,
         )  # fmt: skip
@@ -398,8 +353,7 @@ def _runner_result(name: str, cfg: BenchConfig, bundle: Path, transport: Transpo
 
 def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manifest, transport: Transport, seeds: list[int],
                       state: PartialBench, progress: Callable[[Event], None] | None) -> LinkTiming:  # fmt: skip
-    opener = getattr(transport, "policy_link", None)
-    link = opener(bundle, name, cfg.threads) if opener is not None else local_link(bundle, name, cfg.threads)
+    link = transport.policy_link(bundle, name, cfg.threads)
 
     def on_episode(ep: Event) -> None:
         ev = {"event": "episode", "model": name, **ep}
@@ -412,14 +366,3 @@ def _episodes_on_host(name: str, cfg: BenchConfig, bundle: Path, manifest: Manif
                              cfg.max_steps, on_episode)  # fmt: skip
     finally:
         link.close()
-
-
-def finite_json(obj: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_json(v) for v in obj]
-    return obj

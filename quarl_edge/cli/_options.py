@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.errors import InputError
 
 JsonOpt = Annotated[
@@ -39,15 +40,17 @@ IoOpt = Annotated[
 ]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="random seed (the environment's and the network's)")]
+# None: not given, QATConfig's default stands (quant/config.py is light: read here for the help)
 QatActivationsOpt = Annotated[
-    bool, typer.Option("--qat-activations/--no-qat-activations", help="also fake-quantize activations")
-]
+    bool | None,
+    typer.Option("--qat-activations/--no-qat-activations",
+                 help=f"also fake-quantize activations (default: {'on' if QATConfig.activations else 'off'})"),
+]  # fmt: skip
 QatScopeOpt = Annotated[
-    str,
-    typer.Option(
-        "--qat-scope", help="all: every layer trains fake-quantized; actor: only the exported network's"
-    ),
-]
+    str | None,
+    typer.Option("--qat-scope", help="all: every layer trains fake-quantized; actor: only the exported network's "
+                 f"(default {QATConfig.scope})"),
+]  # fmt: skip
 # Device profile overrides (bench, devices show/check/trust)
 DeviceNameArg = Annotated[str, typer.Argument(help="device profile name (see `quarl-edge devices list`)")]
 HostOpt = Annotated[str | None, typer.Option("--host", help="device address (overrides the profile)")]

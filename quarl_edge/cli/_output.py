@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from quarl_edge.runtimes.errors import QuarlError
+from quarl_edge.runtimes.fsutil import finite_json
 from quarl_edge.text import clean, markup_safe
 
 # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns; logs are wider than that.
@@ -35,8 +36,6 @@ def debug_enabled() -> bool:
 
 
 def print_json(data: Any) -> None:
-    from quarl_edge.bench.run import finite_json
-
     sys.stdout.write(json.dumps(finite_json(data), indent=2) + "\n")
 
 

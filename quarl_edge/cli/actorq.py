@@ -1,15 +1,25 @@
-"""`quarl-edge actorq`: a thin command over quarl_edge.actorq.dqn / .d4pg."""
+"""`quarl-edge actorq`: a thin command over quarl_edge.actorq (the learners by name: actorq/learners.py).
+
+The learners import torch (~4 s), so the command imports them inside; an option not given is None and
+the learner's own default stands (D4PG's 20,000 steps, DQN's 50,000), shown in the help from their
+source (cli/_defaults.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from quarl_edge.cli._options import AddressOpt, JsonOpt, SeedOpt, int_list, out_option
+from quarl_edge.cli._defaults import given, source_default
+from quarl_edge.cli._options import AddressOpt, JsonOpt, int_list, out_option
 from quarl_edge.cli._output import handle_errors, info, print_json
-from quarl_edge.runtimes.errors import InputError
+
+if TYPE_CHECKING:
+    from quarl_edge.actorq.loop import ActorQArgs
+
+LOOP, DQN, D4PG = (("quarl_edge.actorq.loop", "ActorQArgs"), ("quarl_edge.actorq.dqn", "Args"),
+                   ("quarl_edge.actorq.d4pg", "Args"))  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -20,14 +30,14 @@ def actorq(
     env: Annotated[str, typer.Option("--env", help="gymnasium id: CartPole-v1 (dqn), Pendulum-v1 (d4pg)")],
     out: Annotated[Path, out_option("folder for log.json, breakdown.png, curve.png, checkpoint/")],
     algo: Annotated[str, typer.Option("--algo", help="dqn (discrete) or d4pg (continuous)")] = "dqn",
-    actors: Annotated[int, typer.Option("--actors", help="Ray actors collecting experience")] = 2,
-    actor_precision: Annotated[str, typer.Option("--actor-precision", help="fp32, fp16 or int8")] = "int8",
-    actor_runtime: Annotated[str, typer.Option("--actor-runtime", help="onnx, litert, or auto (time both in an actor, keep the faster)")] = "auto",
-    update_period: Annotated[int, typer.Option("--update-period", help="actor steps between weight pulls")] = 100,
+    actors: Annotated[int | None, typer.Option("--actors", help=f"Ray actors collecting experience (default {source_default(*LOOP, 'actors')})")] = None,
+    actor_precision: Annotated[str | None, typer.Option("--actor-precision", help=f"fp32, fp16 or int8 (default {source_default(*LOOP, 'actor_precision')})")] = None,
+    actor_runtime: Annotated[str | None, typer.Option("--actor-runtime", help=f"onnx, litert, or auto (time both in an actor, keep the faster; default {source_default(*LOOP, 'actor_runtime')})")] = None,
+    update_period: Annotated[int | None, typer.Option("--update-period", help=f"actor steps between weight pulls (default {source_default(*LOOP, 'update_period')})")] = None,
     address: AddressOpt = None,
-    steps: Annotated[int, typer.Option("--steps", help="environment steps over all actors")] = 50_000,
-    seed: SeedOpt = 0,
-    hidden: Annotated[str | None, typer.Option("--hidden", help="policy MLP widths, e.g. 2048,2048,2048 (paper's large)")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=f"environment steps over all actors (default: dqn {source_default(*DQN, 'steps')}, d4pg {source_default(*D4PG, 'steps')})")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help=f"default {source_default(*LOOP, 'seed')}")] = None,
+    hidden: Annotated[str | None, typer.Option("--hidden", help=f"policy MLP widths, e.g. 2048,2048,2048 (paper's large; default: dqn {source_default(*DQN, 'hidden')}, d4pg {source_default(*D4PG, 'hidden')})")] = None,
     critic_hidden: Annotated[str | None, typer.Option("--critic-hidden", help="d4pg: critic MLP widths (default: --hidden's; Acme: 512,512,256)")] = None,
     v_min: Annotated[float | None, typer.Option("--v-min", help="d4pg: lowest value atom (default: known or estimated)")] = None,
     v_max: Annotated[float | None, typer.Option("--v-max", help="d4pg: highest value atom")] = None,
@@ -35,25 +45,12 @@ def actorq(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """ActorQ: fp32 learner, Ray actors at fp32/fp16/int8, runtime breakdown and learning curve."""
-    from quarl_edge.actorq import d4pg, dqn
+    from quarl_edge.actorq.learners import train
 
-    learner = d4pg if algo == "d4pg" else dqn
-    sizes: dict[str, Any] = {"hidden": int_list(hidden, "--hidden", "2048,2048,2048")} if hidden else {}
-    if critic_hidden:
-        if algo != "d4pg":
-            raise InputError("--critic-hidden sets the D4PG critic's widths", "drop it for --algo dqn")
-        sizes["critic_hidden"] = int_list(critic_hidden, "--critic-hidden", "512,512,256")
-    if v_min is not None or v_max is not None:
-        if algo != "d4pg":
-            raise InputError(
-                "--v-min/--v-max set the D4PG critic's value support", "drop them for --algo dqn"
-            )
-        sizes |= {"v_min": v_min, "v_max": v_max}
-    args = learner.Args(env=env, out=out, algo=algo, actors=actors, actor_precision=actor_precision, actor_runtime=actor_runtime,
-                        update_period=update_period, address=address, steps=steps, seed=seed, resume=resume,
-                        **sizes)  # fmt: skip
+    args = actorq_args(env, out, algo, actors, actor_precision, actor_runtime, update_period, address, steps, seed,
+                       hidden, critic_hidden, v_min, v_max, resume)  # fmt: skip
     args.validate()  # before Ray starts
-    log = learner.train(args)  # type: ignore[arg-type]
+    log = train(args)
     if as_json:
         print_json(log.to_dict())
         return
@@ -72,3 +69,16 @@ def actorq(
         if e.assumption:
             info(e.assumption)
     info(f"payload {dict(log.payload_bytes)}; wrote {out}/log.json, breakdown.png, curve.png")
+
+
+def actorq_args(env: str, out: Path, algo: str, actors: int | None, actor_precision: str | None,
+                actor_runtime: str | None, update_period: int | None, address: str | None, steps: int | None,
+                seed: int | None, hidden: str | None, critic_hidden: str | None, v_min: float | None,
+                v_max: float | None, resume: bool) -> ActorQArgs:  # fmt: skip
+    """The learner's Args the command runs: the options given over the learner's own defaults."""
+    from quarl_edge.actorq.learners import learner_args
+
+    return learner_args(algo, env=env, out=out, address=address, resume=resume, **given(
+        actors=actors, actor_precision=actor_precision, actor_runtime=actor_runtime, update_period=update_period,
+        steps=steps, seed=seed, hidden=int_list(hidden, "--hidden", "2048,2048,2048"),
+        critic_hidden=int_list(critic_hidden, "--critic-hidden", "512,512,256"), v_min=v_min, v_max=v_max))  # fmt: skip

@@ -4,6 +4,7 @@ board trusts."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,13 +102,14 @@ def check(
     p = load_profile(name, overrides(host, user, port, identity))
     result = check_device(p)
     if as_json:
-        print_json({"device": result.facts, "harness": result.harness, "problems": list(result.problems)})
+        harness = None if result.timings is None else {"transport": p.transport, **asdict(result.timings)}
+        print_json({"device": result.facts, "harness": harness, "problems": list(result.problems)})
     else:
         emu = " (emulated)" if p.emulated else ""
         table(f"device {p.name}{emu}: {_target(p)}", ["fact", "value"], result.rows())
-        if h := result.harness:
+        if h := result.timings:
             info(
-                f"connect {h['connect_s']:.3f} s, device info {h['info_s']:.3f} s, uploaded {h['uploaded_bytes']} bytes"
+                f"connect {h.connect_s or 0:.3f} s, device info {h.info_s or 0:.3f} s, uploaded {h.uploaded_bytes} bytes"
             )
     for msg in result.problems:
         info(f"{p.name}: {msg}", label="FAIL", style="bold red")

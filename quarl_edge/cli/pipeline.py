@@ -1,4 +1,8 @@
-"""The pipeline's verbs, one thin command each: envs, train, record, export, bench, gate, demo."""
+"""The pipeline's verbs, one thin command each: envs, train, record, export, bench, gate, demo.
+
+Each command imports its library inside (torch for most: ~4 s), so that `--help` and a refused flag
+answer at once. An option the user does not give is None, and the config's own default stands; the help
+shows it, read from the config (cli/_defaults.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from quarl_edge.bench.config import BenchConfig
+from quarl_edge.cli import _output
+from quarl_edge.cli._defaults import default, given, source_default
 from quarl_edge.cli._options import (
     AlgoOpt,
     EnvOpt,
@@ -18,7 +25,6 @@ from quarl_edge.cli._options import (
     PortOpt,
     QatActivationsOpt,
     QatScopeOpt,
-    SeedOpt,
     UserOpt,
     VecNormOpt,
     int_list,
@@ -27,12 +33,16 @@ from quarl_edge.cli._options import (
     overrides,
 )
 from quarl_edge.cli._output import handle_errors, info, print_json, progress_bars, table
+from quarl_edge.common.limits import MAX_REWARD_DROP_PCT, parse_percent
+from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.errors import QuarlError
 
 if TYPE_CHECKING:
     from quarl_edge.bench.fleet_result import FleetReport
     from quarl_edge.gate import Check
 
+RECORD, EXPORT, TRAIN = ("quarl_edge.record", "RecordConfig"), ("quarl_edge.exporters.base", "ExportConfig"), \
+    ("quarl_edge.train.trainer", "TrainConfig")  # fmt: skip
 MaxStepsOpt = Annotated[int | None, typer.Option("--max-steps", help="cap per episode")]
 
 
@@ -65,35 +75,35 @@ def train(
     algo: Annotated[str, typer.Option("--algo", help="ppo, a2c, dqn, ddpg, td3 or sac")],
     out: Annotated[Path, out_option("checkpoint folder to write")],
     steps: Annotated[int | None, typer.Option("--steps", help="environment steps (default: per env/algo)")] = None,
-    seed: SeedOpt = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help=f"default {source_default(*TRAIN, 'seed')}")] = None,
     model: Annotated[str | None, typer.Option("--model", help="mlp or nature_cnn (default: per env)")] = None,
     net_arch: Annotated[str | None, typer.Option("--net-arch", help="hidden sizes, e.g. 64,64")] = None,
-    eval_episodes: Annotated[int, typer.Option("--eval-episodes", help="episodes of the final evaluation")] = 10,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="save every N steps")] = 0,
+    eval_episodes: Annotated[int | None, typer.Option("--eval-episodes", help=f"default {source_default(*TRAIN, 'eval_episodes')}")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help=f"save every N steps (default {source_default(*TRAIN, 'checkpoint_every')}: only at the end)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --out")] = False,
-    keep_best: Annotated[int, typer.Option("--keep-best", help="score N episodes at every checkpoint and end with the best weights (needs --checkpoint-every)")] = 0,
+    keep_best: Annotated[int | None, typer.Option("--keep-best", help=f"score N episodes at every checkpoint and end with the best weights (needs --checkpoint-every; default {source_default(*TRAIN, 'keep_best')}: off)")] = None,
     qat_bits: Annotated[int | None, typer.Option("--qat-bits", help="quantization-aware training, N bits (2..8)")] = None,
-    quant_delay: Annotated[int, typer.Option("--quant-delay", help="fp32 steps before fake quantization")] = 0,
-    qat_activations: QatActivationsOpt = True,
-    qat_scope: QatScopeOpt = "all",
+    quant_delay: Annotated[int | None, typer.Option("--quant-delay", help=f"fp32 steps before fake quantization (default {default(QATConfig, 'delay')})")] = None,
+    qat_activations: QatActivationsOpt = None,
+    qat_scope: QatScopeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Train a policy (Stable-Baselines3; fp32, or quantization-aware with --qat-bits) and save a checkpoint."""
-    from quarl_edge.quant.config import QATConfig
     from quarl_edge.runtimes.errors import InputError
     from quarl_edge.train.trainer import TrainConfig, summary_lines
     from quarl_edge.train.trainer import train as run_train
 
-    if qat_bits is None and qat_scope != "all":
+    if qat_bits is None and qat_scope is not None:
         raise InputError("--qat-scope applies to quantization-aware training", "add e.g. --qat-bits 4")
     qat = (
-        QATConfig(bits=qat_bits, delay=quant_delay, activations=qat_activations, scope=qat_scope)
+        QATConfig(bits=qat_bits, **given(delay=quant_delay, activations=qat_activations, scope=qat_scope))
         if qat_bits is not None
         else None
     )
-    cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, seed=seed, model=model,
-                      net_arch=int_list(net_arch, "--net-arch", "64,64"), eval_episodes=eval_episodes,
-                      checkpoint_every=checkpoint_every, resume=resume, qat=qat, keep_best=keep_best)  # fmt: skip
+    cfg = TrainConfig(env=env, algo=algo.lower(), out=out, steps=steps, model=model,
+                      net_arch=int_list(net_arch, "--net-arch", "64,64"), resume=resume, qat=qat,
+                      **given(seed=seed, eval_episodes=eval_episodes, checkpoint_every=checkpoint_every,
+                              keep_best=keep_best))  # fmt: skip
     policy = run_train(cfg)
     if as_json:
         print_json({"out": str(out), "spec": policy.spec.to_dict()})
@@ -108,9 +118,9 @@ def train(
 def record(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("trace file to write (.npz)")],
-    episodes: Annotated[int, typer.Option("--episodes", help="episodes to record")] = 10,
-    epsilon: Annotated[float, typer.Option("--epsilon", help="exploration noise for calibration coverage")] = 0.1,
-    seed: SeedOpt = 0,
+    episodes: Annotated[int | None, typer.Option("--episodes", help=f"default {source_default(*RECORD, 'episodes')}")] = None,
+    epsilon: Annotated[float | None, typer.Option("--epsilon", help=f"exploration noise for calibration coverage (default {source_default(*RECORD, 'epsilon')})")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help=f"first episode seed (default {source_default(*RECORD, 'seed')})")] = None,
     max_steps: MaxStepsOpt = None,
     max_samples: Annotated[int | None, typer.Option("--max-samples", help="cap on recorded steps")] = None,
     env: EnvOpt = None,
@@ -123,9 +133,8 @@ def record(
     from quarl_edge.policy.load import load_policy
     from quarl_edge.record import RecordConfig, record_to_file
 
-    cfg = RecordConfig(
-        episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps, max_samples=max_samples
-    )
+    cfg = RecordConfig(**given(episodes=episodes, epsilon=epsilon, seed=seed, max_steps=max_steps,
+                               max_samples=max_samples))  # fmt: skip
     reads = [("policy", policy), ("VecNormalize file", vecnormalize), ("I/O description", io)]
     trace = record_to_file(load_policy(policy, env, algo, vecnormalize, io=io), cfg, out, reads)
     if as_json:
@@ -157,10 +166,10 @@ def _stem(policy: Path) -> str:
 def export(
     policy: PolicyOpt,
     out: Annotated[Path, out_option("bundle folder to write")],
-    to: Annotated[str, typer.Option("--to", help="comma-separated targets, of: onnx-fp32, onnx-fp16, onnx-int8, onnx-int4, tflite-fp32, tflite-fp16, tflite-int8, c-fp32, c-int8", show_default="onnx-fp32, onnx-fp16, onnx-int8")] = "onnx-fp32,onnx-fp16,onnx-int8",
+    to: Annotated[str | None, typer.Option("--to", help=f"comma-separated targets, of: onnx-fp32, onnx-fp16, onnx-int8, onnx-int4, tflite-fp32, tflite-fp16, tflite-int8, c-fp32, c-int8 (default {source_default('quarl_edge.bundle', 'BundleRequest', 'targets').replace(',', ', ')})")] = None,
     calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="recorded rollouts (.npz), observations a robot logged (np.savez obs=..., episode_ids=...) where the env cannot run here, or a field log folder (`field pull`); repeat to merge several")] = None,
-    method: Annotated[str, typer.Option("--method", help="int8 calibration: minmax, percentile, entropy")] = "minmax",
-    percentile: Annotated[float, typer.Option("--percentile", help="the range kept by --method percentile, in %")] = 99.999,
+    method: Annotated[str | None, typer.Option("--method", help=f"int8 calibration: minmax, percentile, entropy (default {source_default(*EXPORT, 'calibration_method')})")] = None,
+    percentile: Annotated[float | None, typer.Option("--percentile", help=f"the range kept by --method percentile, in % (default {source_default(*EXPORT, 'percentile')})")] = None,
     per_channel: Annotated[bool | None, typer.Option("--per-channel/--per-tensor", help="default: CNNs only, TFLite all")] = None,
     full_int8: Annotated[bool, typer.Option("--full-int8", help="int8 of every layer: by default int8 keeps the output layer, and for vector observations the input layer, in float")] = False,
     env: EnvOpt = None,
@@ -177,10 +186,10 @@ def export(
     from quarl_edge.exporters.targets import resolve_targets
     from quarl_edge.policy.load import load_policy
 
-    cfg = ExportConfig(calibration_method=method.lower(), percentile=percentile, per_channel=per_channel,
-                       float_io_layers=not full_int8,
-                       c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()))  # fmt: skip
-    targets = tuple(resolve_targets(to))
+    cfg = ExportConfig(per_channel=per_channel, float_io_layers=not full_int8,
+                       c_prebuilt=tuple(m.strip() for m in (c_prebuilt or "").split(",") if m.strip()),
+                       **given(calibration_method=method and method.lower(), percentile=percentile))  # fmt: skip
+    targets = given(targets=None if to is None else tuple(resolve_targets(to)))
     recorded = next((c for c in calibration or [] if c.is_file()), None)  # its env_id, if the policy has none
     pol = load_policy(policy, env, algo, vecnormalize, io=io, calibration=recorded)
     reads = (
@@ -193,12 +202,12 @@ def export(
         pol,
         BundleRequest(
             out=out,
-            targets=targets,
             calibration=calibration[0] if calibration else None,
             more_calibration=tuple(calibration[1:]) if calibration else (),
             config=cfg,
             reads=reads,
             sign_key=sign,
+            **targets,
         ),  # fmt: skip
         log=info,
     )
@@ -219,12 +228,12 @@ def export(
 def bench(
     bundle: Annotated[Path, typer.Option("--bundle", help="bundle folder")],
     device: Annotated[str, typer.Option("--device", help="device profile name; a comma list (local,rpi4) benches a fleet at once into one report")] = "local",
-    episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
-    seed: Annotated[int, typer.Option("--seed", help="first episode seed")] = 1000,
-    threads: Annotated[int | None, typer.Option("--threads", help="default: the device's")] = None,
+    episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired episodes per model (default {default(BenchConfig, 'episodes')})")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help=f"first episode seed (default {default(BenchConfig, 'seed')})")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="default: the device profile's default_threads")] = None,
     oversubscribe: Annotated[bool, typer.Option("--oversubscribe", help="allow --threads above the device's cores")] = False,
     env_on_host: Annotated[bool, typer.Option("--env-on-host", help="env here, only the policy on the device (per step over the link)")] = False,
-    latency_samples: Annotated[int, typer.Option("--latency-samples", help="timed inferences per model (after warm-up)")] = 1000,
+    latency_samples: Annotated[int | None, typer.Option("--latency-samples", help=f"timed inferences per model, after warm-up (default {default(BenchConfig, 'latency_samples')})")] = None,
     max_steps: MaxStepsOpt = None,
     models: Annotated[str | None, typer.Option("--models", help="comma-separated subset of models")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="replay trace (default: the bundle's)")] = None,
@@ -242,13 +251,12 @@ def bench(
     from quarl_edge.bench.device import model_count
     from quarl_edge.bench.fleet import FleetRequest, bench_fleet, parse_devices
     from quarl_edge.bench.report import printed
-    from quarl_edge.bench.run import BenchConfig
     from quarl_edge.bench.transport import Event
     from quarl_edge.runtimes.sustained import parse_duration
 
-    cfg = BenchConfig(episodes=episodes, seed=seed, threads=1 if threads is None else threads, latency_samples=latency_samples,
-                      max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
-                      duration_s=None if duration is None else parse_duration(duration), env_on_host=env_on_host)  # fmt: skip
+    cfg = BenchConfig(max_steps=max_steps, models=name_list(models), trace=trace, oversubscribe=oversubscribe, hz=hz,
+                      duration_s=None if duration is None else parse_duration(duration), env_on_host=env_on_host,
+                      **given(episodes=episodes, seed=seed, threads=threads, latency_samples=latency_samples))  # fmt: skip
     # one device is a fleet of one (bench/fleet.py): every device at once, one report
     req = FleetRequest(bundle, parse_devices(device), cfg, threads is not None, out, resume)
     per_device = model_count(bundle, cfg) * (cfg.episodes + 1)
@@ -275,7 +283,7 @@ def bench(
 
 def gate(
     report: Annotated[Path, typer.Argument(help="bench report .json (one device or a fleet), or a field report folder")],
-    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help="largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused); a bench report's default: 2%")] = None,
+    max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"largest mean reward drop vs fp32, in % of |fp32's mean return|: 2% or the fraction 0.02 (a bare number above 1 is refused); a bench report's default: {MAX_REWARD_DROP_PCT:g}%")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest tight-loop p99 latency in ms, every model")] = None,
     max_miss_rate: Annotated[str | None, typer.Option("--max-miss-rate", help="largest share of closed-loop steps over the budget of `bench --hz`: 1% or the fraction 0.01")] = None,
@@ -298,19 +306,20 @@ def gate(
         check_columns,
         check_rows,
         evaluate,
-        parse_percent,
         verdict_json,
         write_outputs,
     )
     from quarl_edge.tune.verify import read_tune_json
 
     field = is_field_report(report)
-    drop = max_reward_drop or (None if field else f"{GateConfig.max_reward_drop_pct}%")
-    cfg = GateConfig(max_reward_drop_pct=None if drop is None else parse_percent(drop, "--max-reward-drop"),
-                     min_agreement=min_agreement, max_p99_ms=max_p99_ms,
+    drop = None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop")
+    # GateConfig's default drop applies to a bench report; a field report measured no reward
+    drop_given = {"max_reward_drop_pct": drop} if drop is not None or field else {}
+    cfg = GateConfig(min_agreement=min_agreement, max_p99_ms=max_p99_ms,
                      max_miss_rate_pct=None if max_miss_rate is None else parse_percent(max_miss_rate, "--max-miss-rate"),
                      max_action_error=max_action_error,
-                     max_out_of_range_pct=None if max_out_of_range is None else parse_percent(max_out_of_range, "--max-out-of-range"))  # fmt: skip
+                     max_out_of_range_pct=None if max_out_of_range is None else parse_percent(max_out_of_range, "--max-out-of-range"),
+                     **drop_given)  # fmt: skip
     data: Gated
     if field:
         data = load_field_report(report)
@@ -379,9 +388,9 @@ def _after_gate(report: Path, data: FleetReport, checks: list[Check], tuned: boo
 
 def demo(
     out: Annotated[Path, out_option("work folder for the bundle and report")] = Path("out/demo"),
-    episodes: Annotated[int, typer.Option("--episodes", help="paired episodes per model")] = 20,
-) -> None:
-    """Export -> bench -> gate on the shipped CartPole PPO policy, and print the comparison."""
+    episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired episodes per model (default {default(BenchConfig, 'episodes')})")] = None,
+) -> None:  # fmt: skip
+    """Export -> bench -> gate -> tune on the shipped CartPole PPO policy, and print the comparison."""
     from quarl_edge.demo import run_demo
 
-    raise typer.Exit(run_demo(out, episodes))
+    raise typer.Exit(run_demo(out, _output, episodes))

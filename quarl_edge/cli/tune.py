@@ -64,7 +64,7 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:  # fmt: skip
     """Search formats, precisions, calibrations, float layers and threads on the device; keep the fastest that passes."""
-    from quarl_edge.gate import parse_percent
+    from quarl_edge.common.limits import parse_percent
 
     # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
     given: dict[str, Any] = {k: v for k, v in {

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.common.figures import pyplot
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, claim, json_format
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import (
@@ -37,6 +39,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def markdown(r: FieldReport) -> str:
     """The report as Markdown: every name from a file goes through md_cell (one line, no HTML)."""
     what = (
@@ -46,42 +52,49 @@ def markdown(r: FieldReport) -> str:
         f"# Field report: {md_cell(r.policy)} / {md_cell(r.model)} vs {md_cell(r.reference)}",
         "",
         f"Log `{md_cell(r.logs)}`: {r.records} records in {r.chunks} chunks, {r.sessions} sessions"
-        + (f", {r.dropped} dropped on the device" if r.dropped else "") + f"; {r.compared} compared.",
+        + (f", {r.dropped} dropped on the device" if r.dropped else "")
+        + f"; {r.compared} compared.",
         f"Bundle `{md_cell(r.bundle)}` (manifest {r.manifest_sha256[:12]})"
-        + (f", replayed on the log of manifest {r.logged_manifest_sha256[:12]} ({md_cell(r.logged_model)})"
-           if r.replay else "") + ".",
+        + (
+            f", replayed on the log of manifest {r.logged_manifest_sha256[:12]} ({md_cell(r.logged_model)})"
+            if r.replay
+            else ""
+        )
+        + ".",
         "",
-        "| figure | value |",
-        "|---|---|",
-        f"| agreement with fp32 | {r.agreement:.4f} |",
-        f"| agreement, inside the calibration range | {'-' if r.agreement_in_range is None else f'{r.agreement_in_range:.4f}'} |",
-        f"| agreement, outside it | {'-' if r.agreement_out_of_range is None else f'{r.agreement_out_of_range:.4f}'} |",
-        f"| action error ({what}) | {r.action_error:.4g} |",
-        f"| action error mean / max | {r.action_error_mean:.4g} / {r.action_error_max:.4g} |",
-        f"| out of the calibration range | {_pct(r.out_of_range_rate)} (flagged on the device: {_pct(r.logged_out_of_range_rate)}) |",
+    ]
+    rows = [
+        ["agreement with fp32", f"{r.agreement:.4f}"],
+        ["agreement, inside the calibration range", _num(r.agreement_in_range, ".4f")],
+        ["agreement, outside it", _num(r.agreement_out_of_range, ".4f")],
+        [f"action error ({what})", f"{r.action_error:.4g}"],
+        ["action error mean / max", f"{r.action_error_mean:.4g} / {r.action_error_max:.4g}"],
+        ["out of the calibration range",
+         f"{_pct(r.out_of_range_rate)} (flagged on the device: {_pct(r.logged_out_of_range_rate)})"],
     ]  # fmt: skip
     if r.logged_vs_replayed is not None:
-        lines.append(f"| logged actions vs this host's replay | {r.logged_vs_replayed:.4g} |")
+        rows.append(["logged actions vs this host's replay", f"{r.logged_vs_replayed:.4g}"])
     if r.latency is not None:
         lat = r.latency
-        lines.append(f"| act() in the field, p50 / p90 / p99 / max | {lat.p50_us:.1f} / {lat.p90_us:.1f} / "
-                     f"{lat.p99_us:.1f} / {lat.max_us:.1f} us ({md_cell(r.logged_model)}) |")  # fmt: skip
+        rows.append(["act() in the field, p50 / p90 / p99 / max", f"{lat.p50_us:.1f} / {lat.p90_us:.1f} / "
+                     f"{lat.p99_us:.1f} / {lat.max_us:.1f} us ({r.logged_model})"])  # fmt: skip
+    lines += markdown_table(["figure", "value"], rows)
     if r.out_of_range_features:
-        lines += ["", "Out of the calibration range, per feature:", "",
-                  "| feature | " + " | ".join(str(i) for i in range(len(r.out_of_range_features))) + " |",
-                  "|---|" + "---|" * len(r.out_of_range_features),
-                  "| share | " + " | ".join(_pct(x) for x in r.out_of_range_features) + " |"]  # fmt: skip
-    lines += ["", "Over time:", "", "| from record | t (s) | agreement | action error | out of range | act p50 us | act p99 us |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {b.first_record} | {b.t_s:.1f} | {b.agreement:.4f} | {b.action_error:.4g} | {_pct(b.out_of_range_rate)} "
-              f"| {b.act_p50_us:.1f} | {b.act_p99_us:.1f} |" for b in r.over_time]  # fmt: skip
+        lines += ["", "Out of the calibration range, per feature:", ""]
+        lines += markdown_table(["feature", *range(len(r.out_of_range_features))],
+                                [["share", *(_pct(x) for x in r.out_of_range_features)]])  # fmt: skip
+    lines += ["", "Over time:", ""]
+    lines += markdown_table(
+        ["from record", "t (s)", "agreement", "action error", "out of range", "act p50 us", "act p99 us"],
+        [[b.first_record, f"{b.t_s:.1f}", f"{b.agreement:.4f}", f"{b.action_error:.4g}", _pct(b.out_of_range_rate),
+          f"{b.act_p50_us:.1f}", f"{b.act_p99_us:.1f}"] for b in r.over_time],
+    )  # fmt: skip
     lines += [""] + [f"![{p}]({p})" for p in r.plots]
     return "\n".join(lines) + "\n"
 
 
 def _png(fig: Any) -> bytes:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -89,10 +102,7 @@ def _png(fig: Any) -> bytes:
 
 
 def plots(r: FieldReport) -> dict[str, bytes]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = [b.t_s for b in r.over_time]
     out = {}

@@ -25,9 +25,11 @@ from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fieldlog import FLAG_NONFINITE, FLAG_OUT_OF_RANGE, FieldLog, load_field_log
 from quarl_edge.runtimes.fsutil import sha256_file
 from quarl_edge.runtimes.inputs import CalibrationRange
+from quarl_edge.runtimes.load import load_policy
 from quarl_edge.runtimes.loop import Percentiles
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, load_manifest
-from quarl_edge.runtimes.policy import Policy, load_policy
+from quarl_edge.runtimes.policy import Policy
+from quarl_edge.runtimes.schema import JSONObject
 
 REPORT_FORMAT = "quarl-edge/field-report"
 REPORT_VERSION = 1
@@ -153,7 +155,7 @@ class FieldReport:
         if not isinstance(self.replay, bool) or not isinstance(self.discrete, bool):
             raise ValueError("replay and discrete must be true or false")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d = {"format": d.pop("format"), "version": d.pop("version"), **d}
         d["latency"] = None if self.latency is None else self.latency.to_dict()

@@ -29,6 +29,7 @@ from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_bytes, sha256_bytes, sha256_file
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import PolicySpec, StateSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -92,7 +93,7 @@ class NetArch:
         if self.action_mask and self.head not in ("argmax", "multi_argmax"):
             raise InputError(f"an action mask with the {self.head!r} head", "masks apply to discrete actions")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
         d["qat"] = self.qat.to_dict() if self.qat else None

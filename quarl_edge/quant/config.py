@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 MIN_BITS, MAX_BITS = 2, 8
 # all: every Linear/Conv2d of the SB3 policy (actor, critics, value heads, target networks); actor: only
@@ -54,7 +55,7 @@ class QATConfig:
         """8-bit weights and activations: int8 export takes the ranges learned in training."""
         return self.bits == 8 and self.activations
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         if d["layers"] is None:
             del d["layers"]

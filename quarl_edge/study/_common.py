@@ -1,4 +1,4 @@
-"""The studies' shared core: one Ray session helper, one validation of suites, episodes and bit widths,
+"""The studies' shared core (Ray: quarl_edge/parallel.py): one validation of suites, episodes and bit widths,
 env availability, the row a study fills in as it runs, and one writer for the JSON / Markdown / CSV tables.
 
 Every study has the same two calls: ``run_study(config, progress=None) -> study`` (a typed result,
@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from quarl_edge.common.limits import check_paired_episodes
+from quarl_edge.outputs import Kind, claim
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.stats import mean_std, paired_drift
@@ -42,8 +44,8 @@ def check_suite(suite: str, known: Iterable[str]) -> None:
 
 
 def check_episodes(episodes: int | None, flag: str = "--episodes") -> None:
-    if episodes is not None and episodes < 2:
-        raise InputError(f"{flag} must be at least 2 (a confidence interval needs two)", f"e.g. {flag} 20")
+    if episodes is not None:
+        check_paired_episodes(episodes, flag)
 
 
 def check_bits(bits: Sequence[int] | None, what: str = "weight-only bits") -> None:
@@ -146,30 +148,15 @@ def _starts_with(prefixes: Sequence[str]) -> Callable[[Path], bool]:
     return recognise
 
 
-def is_matplotlib_png(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            head = f.read(512)
-    except OSError:
-        return False
-    return head.startswith(b"\x89PNG") and b"Matplotlib" in head
-
-
 def claim_output(path: Path, kind: str) -> Path:
-    """A study writes only over its own files: ``kind`` json, md, csv (``header`` checked by the
-    caller) or png; anything else of the same name is refused in one line (quarl_edge.outputs)."""
-    from quarl_edge.outputs import Kind, claim
-
-    recognisers: dict[str, Callable[[Path], bool]] = {"json": _is_study_json, "md": _starts_with(STUDY_TITLES),
-                                                      "png": is_matplotlib_png}  # fmt: skip
+    """A study writes only over its own files: ``kind`` json or md (a csv's ``header`` is checked by
+    write_tables, a PNG by common.figures); anything else of the same name is refused in one line
+    (quarl_edge.outputs)."""
+    recognisers: dict[str, Callable[[Path], bool]] = {
+        "json": _is_study_json,
+        "md": _starts_with(STUDY_TITLES),
+    }
     return claim(path, Kind(f"study {kind}", False, recognisers[kind]), name=f"the study's {path.name!r}")
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A Markdown table: header, separator, one line per row."""
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
-        "| " + " | ".join(r) + " |" for r in rows
-    ]
 
 
 def write_tables(
@@ -182,8 +169,6 @@ def write_tables(
 ) -> list[Path]:
     """``out/<stem>.json`` (the study: a typed result, as its JSON; non-finite numbers as null), ``.md``
     and ``.csv``, each atomic."""
-    from quarl_edge.outputs import Kind, claim
-
     csv_kind = Kind("study csv", False, _starts_with([",".join(csv_header)]))
     claim_output(out / f"{stem}.json", "json"), claim_output(out / f"{stem}.md", "md")
     claim(out / f"{stem}.csv", csv_kind, name=f"the study's {stem}.csv")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.actorq.result import ActorQLog, ActorQStudy, CurvePoint, RunSummary, StudyRow, read_log
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.parallel import import_ray, start_ray
 from quarl_edge.runtimes.fsutil import atomic_write_json, atomic_write_text
 from quarl_edge.study._common import Progress, check_suite, claim_output, say
@@ -177,17 +178,16 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> Actor
     suite_name, out, address, progress = cfg.suite, cfg.out, cfg.address, say(progress)
     suite = SUITES[suite_name]
     ray = import_ray("ActorQ", "")
-    from quarl_edge.actorq import d4pg, dqn
+    from quarl_edge.actorq.learners import learner_args, train  # torch (~4 s): after the cheap checks
 
     runs: list[RunSummary] = []
     missing: list[str] = []
     started = False
     try:
         for task, seed, period, precision in _order(suite):
-            learner = d4pg if task.algo == "d4pg" else dqn
             name = f"{_slug(task.label)}-{precision}-u{period}-s{seed}"
             # resume=True: a run interrupted mid-way continues from its last checkpoint (same settings)
-            args = learner.Args(env=task.env, out=out / "runs" / name, actors=suite.actors,
+            args = learner_args(task.algo, env=task.env, out=out / "runs" / name, actors=suite.actors,
                                 actor_precision=precision, actor_runtime=task.actor_runtime, update_period=period,
                                 steps=task.steps, seed=seed, hidden=task.hidden, learning_starts=task.learning_starts,
                                 resume=True, **dict(task.overrides))  # fmt: skip
@@ -203,7 +203,7 @@ def run_study(cfg: ActorQStudyConfig, progress: Progress | None = None) -> Actor
                     )  # quarl_edge/parallel.py: without Ray's and JAX's notices
                     started = True
                 progress(f"{name}: running ({task.steps:,} env steps)")
-                log, reused = learner.train(args), False  # type: ignore[arg-type]
+                log, reused = train(args), False
             run_s = (log.breakdown["learner"].wall_s or 0.0) if reused else time.perf_counter() - t
             runs.append(_summary(log, task, seed, period, precision, run_s))
             final = runs[-1].final_return
@@ -385,9 +385,8 @@ def write_outputs(study: ActorQStudy, out: Path) -> list[Path]:
              f"Target return per task: {targets}; "
              f"final return = mean of the last {WINDOW} episodes (mean ± std over seeds); "
              "'within spread': |mean difference| <= the larger seed-to-seed std, or the seeds' ranges overlap.",
-             "", energy_note(study.runs),
-             "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]  # fmt: skip
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(study)]
+             "", energy_note(study.runs), ""]  # fmt: skip
+    lines += markdown_table(COLUMNS, table_rows(study))
     if study.not_run:
         lines += ["", f"Not run yet ({len(study.not_run)} of the suite's runs; `--finished-only` wrote this "
                   "table from the finished ones): " + ", ".join(f"`{n}`" for n in study.not_run)]  # fmt: skip

@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import Any
 
-from quarl_edge.runtimes.fsutil import atomic_write_bytes
+from quarl_edge.common.figures import pyplot, save_png
 from quarl_edge.study.result import PTQStudy
 
 
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    from quarl_edge.study._common import claim_output
-
-    claim_output(path, "png")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
 def plot_reward_vs_bits(study: PTQStudy, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 5))
     by_policy: dict[str, list[tuple[int, float]]] = {}
     for s in study.results:
@@ -48,15 +29,11 @@ def plot_reward_vs_bits(study: PTQStudy, path: Path) -> Path:
     ax.set_xticks(study.bits)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: lines stay visible
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_drift(study: PTQStudy, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     variants = ["onnx-fp16", "onnx-int8", "tflite-int8"]
     policies = sorted({s.policy for s in study.results})
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(policies) + 2), 4.5))
@@ -81,4 +58,4 @@ def plot_drift(study: PTQStudy, path: Path) -> Path:
     ax.set_title("Reduced-precision drift per policy (paired seeds)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from quarl_edge.study._common import markdown_table, write_tables
+from quarl_edge.common.markdown import markdown_table
+from quarl_edge.study._common import write_tables
 from quarl_edge.study.ptq import RUNTIME_VARIANTS
 from quarl_edge.study.result import PTQFinding, PTQStudy, VariantResult
 
 COLUMNS = ("policy", "variant", "mean", "std", "drop %", "drop 95% CI", "normalized", "fidelity", "note")
+FINDING_COLUMNS = ("policy", "sweet spot bits", "onnx-int8 drop %", "tflite-int8 drop %", "onnx-fp16 drop %",
+                   "keeps reward")  # fmt: skip
 
 
 def _fidelity_text(s: VariantResult) -> str:
@@ -62,18 +65,18 @@ def markdown(study: PTQStudy) -> str:
               "sweet spot = fewest weight-only bits such that every width from there up to 8 keeps reward within 2%.", "",
               "keeps reward = drop ≤ 2% of |fp32 mean|, or the mean inside fp32's own 95% interval. "
               f"A NO is re-checked on {study.confirm_episodes} more paired episodes (fp32 and the variant, "
-              "fresh seeds) and the verdict on all of them is shown beside it.", "",
-              "| policy | sweet spot bits | onnx-int8 drop % | tflite-int8 drop % | onnx-fp16 drop % | keeps reward |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+              "fresh seeds) and the verdict on all of them is shown beside it.", ""]  # fmt: skip
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v + 0.0:+.2f}"
 
-    for f in study.findings:
+    def row(f: PTQFinding) -> list[object]:
         d = f.drop_pct
         verdict = ", ".join(_verdict(study, f, v) for v in RUNTIME_VARIANTS if v in f.keeps_reward)
-        lines.append(f"| {f.policy} | {f.sweet_spot_bits or '-'} | {fmt(d.get('onnx-int8'))} | "
-                     f"{fmt(d.get('tflite-int8'))} | {fmt(d.get('onnx-fp16'))} | {verdict or '-'} |")  # fmt: skip
+        return [f.policy, f.sweet_spot_bits or "-", fmt(d.get("onnx-int8")), fmt(d.get("tflite-int8")),
+                fmt(d.get("onnx-fp16")), verdict or "-"]  # fmt: skip
+
+    lines += markdown_table(FINDING_COLUMNS, [row(f) for f in study.findings])
     return "\n".join(lines) + "\n"
 
 

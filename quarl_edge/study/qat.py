@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.common.figures import pyplot, save_png
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.parallel import Job, Workers, pool
 from quarl_edge.quant.config import MAX_BITS, QATConfig
 from quarl_edge.runtimes.errors import InputError, QuarlError
@@ -22,7 +24,6 @@ from quarl_edge.study._common import (
     check_bits,
     check_episodes,
     check_suite,
-    markdown_table,
     say,
     unavailable,
     write_tables,
@@ -74,9 +75,9 @@ class QATStudyConfig:
     """override every task's QAT training steps"""
     policies: tuple[str, ...] | None = None
     """restrict to these tasks (zoo names) of the suite"""
-    activations: bool = True
+    activations: bool = QATConfig.activations
     """QAT also fake-quantizes activations (False: weight-only QAT, like the weight-only PTQ sweep)"""
-    scope: str = "all"
+    scope: str = QATConfig.scope
     """all: every layer trains fake-quantized (critics, value heads, targets too); actor: only the
     exported network's, so what learns the values stays fp32 (QAT_SCOPES)"""
     delay_fraction: float = 0.25
@@ -320,13 +321,7 @@ def markdown(study: QATStudy) -> str:
 
 
 def plot(study: QATStudy, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from quarl_edge.study.plots import _save
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, f in enumerate(study.findings):
@@ -344,7 +339,7 @@ def plot(study: QATStudy, path: Path) -> Path:
     ax.set_xticks(sorted({p.bits for f in study.findings for p in f.normalized}) or study.bits)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 CSV_COLUMNS = ("task", "env", "algo", "variant", "bits", "mean", "std", "episodes", "normalized", "skipped")

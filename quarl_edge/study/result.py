@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.runtimes.artifact import read_artifact
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.stats import Drift, mean_std
 from quarl_edge.typed import (
     OMIT_NONE,
@@ -211,7 +211,7 @@ class PTQStudy:
         number(self.drift_limit_pct, "drift_limit_pct", lo=0)
         integer(self.confirm_episodes, "confirm_episodes")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"format": PTQ_FORMAT, "version": STUDY_VERSION, **fields_json(self)}
 
     @classmethod
@@ -284,7 +284,7 @@ class QATStudy:
              "findings")  # fmt: skip
     """the JSON's order: the QAT settings before keep_fraction"""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         body = fields_json(self)
         return {
             "format": QAT_FORMAT,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.tune.config import KINDS
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class Candidate:
                            activation_type=self.activation, per_channel=self.per_channel)  # fmt: skip
         return Variant(self.name, self.target, cfg)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         int8 = self.precision == "int8"
         return {"name": self.name, "format": self.format, "precision": self.precision,
                 "calibration": self.method if int8 else None,

@@ -5,11 +5,11 @@ flag in a fraction of a second."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.common import limits
 from quarl_edge.parallel import Workers
 from quarl_edge.runtimes.errors import InputError
 
@@ -18,25 +18,7 @@ KINDS = ("fp32", "fp16", "int8-default", "int8-options", "int8-layers")
 split, int8-options the runtime options, int8-layers the per-layer search's splits"""
 MIN_BUDGET_S = 20.0  # below this not even the fp32 latency and one closed-loop batch fit
 MAX_BUDGET_MIN = 7 * 24 * 60.0  # a week: a larger budget is a typo, not a plan
-MAX_EPISODES = 100_000
-MAX_THREADS = 1024
-MAX_P99_MS = 3_600_000.0  # an hour per inference is no control loop
 MAX_SAMPLES = 10_000_000
-
-
-def _finite(value: float, flag: str, lo: float, hi: float, example: str, lo_open: bool = False) -> None:
-    low_ok = value > lo if lo_open else value >= lo
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not low_ok or value > hi:  # fmt: skip
-        bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
-        raise InputError(
-            f"{flag} {value!r} is not a finite number {bound} and <= {hi:g}", f"e.g. {flag} {example}"
-        )
-
-
-def _count(value: int, flag: str, lo: int, hi: int, example: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InputError(f"{flag} {value!r} is not a whole number in [{lo}, {hi}]", f"e.g. {flag} {example}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +28,8 @@ class TuneConfig:
     device: str = "local"
     overrides: dict[str, Any] = field(default_factory=dict)
     """device profile overrides (host, user, port, identity)"""
-    max_reward_drop_pct: float = 2.0
+    max_reward_drop_pct: float = limits.MAX_REWARD_DROP_PCT
+    """the gate's limit (common/limits.py), which the chosen model must pass"""
     min_agreement: float | None = None
     """also the per-layer search's proxy when set; else 0.95 (discrete) / 0.98 (continuous)"""
     max_p99_ms: float | None = None
@@ -75,21 +58,21 @@ class TuneConfig:
     that accepts only signed bundles (devices trust-key) can measure and run them"""
 
     def __post_init__(self) -> None:
-        _finite(self.budget_min, "--budget-min", 0, MAX_BUDGET_MIN, "10", lo_open=True)
+        limits.number(self.budget_min, "--budget-min", 0, MAX_BUDGET_MIN, "10", lo_open=True)
         if self.budget_min * 60 < MIN_BUDGET_S:
             raise InputError(f"--budget-min {self.budget_min:g} is too small to measure anything",
                              f"give at least {MIN_BUDGET_S / 60:.1f} minutes, e.g. --budget-min 10")  # fmt: skip
-        _finite(self.max_reward_drop_pct, "--max-reward-drop", 0, 1e6, "2%")
+        limits.check_max_reward_drop(self.max_reward_drop_pct)
         if self.min_agreement is not None:
-            _finite(self.min_agreement, "--min-agreement", 0, 1, "0.95")
+            limits.check_min_agreement(self.min_agreement)
         if self.max_p99_ms is not None:
-            _finite(self.max_p99_ms, "--max-p99-ms", 0, MAX_P99_MS, "5", lo_open=True)
-        _count(self.episodes, "--episodes", 2, MAX_EPISODES, "20 (a paired interval needs two)")
-        _count(self.confirm_episodes, "confirm_episodes", 0, MAX_EPISODES, "40")
-        _count(self.seed, "seed", 0, 2**31 - 1, "1000")
-        _count(self.latency_samples, "latency_samples", 1, MAX_SAMPLES, "500")
+            limits.check_max_p99_ms(self.max_p99_ms)
+        limits.check_paired_episodes(self.episodes)
+        limits.count(self.confirm_episodes, "confirm_episodes", 0, limits.MAX_EPISODES, "40")
+        limits.check_seed(self.seed, "seed")
+        limits.count(self.latency_samples, "latency_samples", 1, MAX_SAMPLES, "500")
         if self.max_threads is not None:
-            _count(self.max_threads, "--max-threads", 1, MAX_THREADS, "2")
+            limits.check_threads(self.max_threads, "--max-threads")
         self.parallel  # noqa: B018 (--workers / --no-ray / --address checked here, before any work)
         unknown = [k for k in self.kinds or () if k not in KINDS]
         if unknown:

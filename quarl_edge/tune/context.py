@@ -17,7 +17,7 @@ from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
-from quarl_edge.runtimes.signing import sign_bundle
+from quarl_edge.runtimes.signer import sign_bundle
 from quarl_edge.runtimes.trace import Trace, load_trace
 from quarl_edge.tune.cache import State, digest
 from quarl_edge.tune.candidates import Candidate

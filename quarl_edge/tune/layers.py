@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from quarl_edge.bench.run import action_agreement
 from quarl_edge.bundle import BundleRequest, Variant, export_bundle
 from quarl_edge.exporters.base import compute_layers, quantized_layers
 from quarl_edge.parallel import Workers, pool
@@ -31,9 +32,7 @@ Probe = Callable[[Sequence[Candidate]], dict[str, float]]
 
 
 def agreement(manifest: Manifest, ref: np.ndarray, actions: np.ndarray) -> float:
-    from quarl_edge.bench.run import _agreement
-
-    a = _agreement(manifest, ref.tolist(), actions.tolist())
+    a = action_agreement(manifest, ref.tolist(), actions.tolist())
     return a.value if a else 0.0
 
 

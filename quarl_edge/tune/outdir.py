@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from quarl_edge.bench.report import REPORT
+from quarl_edge.common.figures import is_matplotlib_png
 from quarl_edge.outputs import BUNDLE, Kind, claim, json_format
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.fsutil import atomic_write_text
-from quarl_edge.study._common import is_matplotlib_png
 from quarl_edge.tune.cache import STATE_FORMAT
 from quarl_edge.tune.config import TuneConfig
 from quarl_edge.tune.report import TUNE_MARKDOWN

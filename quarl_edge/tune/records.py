@@ -12,6 +12,7 @@ from typing import Any
 
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.tune.candidates import Candidate
 
 VERDICTS = ("pass", "rejected", "not judged", "not needed")
@@ -64,7 +65,7 @@ class Timing:
         if positive(self.p99_us, "p99_us") < self.p50_us:
             raise InputError(f"p99_us {self.p99_us!r} is below p50_us {self.p50_us!r}", FIX)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"p50_us": self.p50_us, "p99_us": self.p99_us}
 
     @classmethod
@@ -91,7 +92,7 @@ class Drift:
         schema.number(self.mean, "mean", FIX)
         schema.number(self.ref_mean, "ref_mean", FIX)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"drop_pct": self.drop_pct, "drop_ci95_pct": list(self.drop_ci95_pct) if self.drop_ci95_pct else None,
                 "episodes": self.episodes, "mean": self.mean, "ref_mean": self.ref_mean}  # fmt: skip
 
@@ -157,7 +158,7 @@ class CandidateRow:
         """The drop the verdict rests on (all episodes of a close call)."""
         return self.confirm_drop_pct if self.confirm_drop_pct is not None else self.drop_pct
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         optional = {"verdict": self.verdict, "why": self.why, "drop_pct": self.drop_pct,
                     "drop_ci95_pct": list(self.drop_ci95_pct) if self.drop_ci95_pct else None,
                     "episodes_judged": self.episodes_judged, "confirm_drop_pct": self.confirm_drop_pct,
@@ -208,7 +209,7 @@ class Choice:
         schema.number(self.drop_pct, "choice drop_pct", FIX)
         _opt(schema.integer, self.episodes, "choice episodes", FIX, 1)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"name": self.name, "sha256": self.sha256, "threads": self.threads, "p50_us": self.p50_us,
                 "p99_us": self.p99_us, "speedup_vs_fp32": self.speedup_vs_fp32, "drop_pct": self.drop_pct,
                 "episodes": self.episodes, "why": self.why}  # fmt: skip
@@ -238,7 +239,7 @@ class LayerEvidence:
                      *((a, "a greedy step") for _, a in self.steps)):  # fmt: skip
             share(v, f"layer search {w}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"format": self.format, "proxy": self.proxy, "all_int8": self.all_int8, "alone": dict(self.alone),
                 "steps": [{"float_layers": list(fl), "agreement": a} for fl, a in self.steps], "result": self.result}  # fmt: skip
 
@@ -283,7 +284,7 @@ class TuneSettings:
             schema.integer(t, f"{w} threads", FIX, 1)
         share(self.proxy_agreement, f"{w} proxy_agreement")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"max_reward_drop_pct": self.max_reward_drop_pct, "min_agreement": self.min_agreement,
                 "max_p99_ms": self.max_p99_ms, "episodes": self.episodes, "seed": self.seed,
                 "confirm_episodes": self.confirm_episodes, "budget_min": self.budget_min,
@@ -317,7 +318,7 @@ class TuneDevice:
         _opt(schema.text, self.cpu_model, "device cpu_model", FIX, 256)
         _opt(schema.text, self.machine, "device machine", FIX, 64)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"name": self.name, "transport": self.transport, "emulated": self.emulated, "cores": self.cores,
                 "cpu_model": self.cpu_model, "machine": self.machine}  # fmt: skip
 
@@ -344,7 +345,7 @@ class Inputs:
                      (self.device_sha256, "device")):  # fmt: skip
             sha256(v, f"inputs {w}_sha256")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"policy_sha256": self.policy_sha256, "calibration_sha256": self.calibration_sha256,
                 "device_sha256": self.device_sha256, "tools": dict(self.tools)}  # fmt: skip
 
@@ -370,7 +371,7 @@ class Shipped:
         for n, s in self.models:
             sha256(s, f"shipped model {n[:80]} sha256")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"path": self.path, "manifest_sha256": self.manifest_sha256, "models": dict(self.models)}
 
     @classmethod

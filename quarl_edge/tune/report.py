@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.common.figures import pyplot, save_png
+from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, text_starts_with
-from quarl_edge.study._common import markdown_table
 from quarl_edge.text import md_cell
 from quarl_edge.tune.result import TuneResult
 
@@ -60,7 +61,7 @@ def markdown(result: TuneResult) -> str:
                      f"model sha256 {c.sha256}.")  # fmt: skip
     lines += [f"Search: {result.search_s} s; {len(result.candidates)} candidates; gate: reward drop <= "
               f"{result.settings.max_reward_drop_pct:g}%.", ""]  # fmt: skip
-    lines += markdown_table(columns(result), [[md_cell(x) for x in r] for r in table_rows(result)])
+    lines += markdown_table(columns(result), table_rows(result))
     layers = layer_lines(result)
     lines += ["", "Per-layer search (from every layer int8):", *layers] if layers else []
     lines += ["", *(f"- {md_cell(n)}" for n in result.notes)] if result.notes else []
@@ -68,13 +69,7 @@ def markdown(result: TuneResult) -> str:
 
 
 def plot(result: TuneResult, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from quarl_edge.study.plots import _save
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in result.candidates:  # the drop each verdict rests on (all of a close call's episodes)
         drop = _shown(r.judged_drop)
@@ -94,4 +89,4 @@ def plot(result: TuneResult, path: Path) -> Path:
     ax.set_title("tune: candidates judged in closed loop")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path, owner="tune")

@@ -15,6 +15,7 @@ from typing import Any
 
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.tune.records import (
     FIX,
     CandidateRow,
@@ -61,7 +62,7 @@ class TuneResult:
                 return r
         raise InputError(f"tune result has no candidate {name[:80]!r}", FIX)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"format": TUNE_FORMAT, "schema_version": TUNE_VERSION, "policy": self.policy, "env": self.env,
                 "calibration": self.calibration, "inputs": self.inputs.to_dict(), "device": self.device.to_dict(),
                 "reference": self.reference, "candidates": [r.to_dict() for r in self.candidates],

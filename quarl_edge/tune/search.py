@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from quarl_edge.bench.device import transport_for
+from quarl_edge.bench.transport import transport_for
 from quarl_edge.devices.check import check_device
 from quarl_edge.devices.preflight import check_env
 from quarl_edge.devices.profiles import load_profile
@@ -170,9 +170,7 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
             stage("bench the choice, write the outputs")
             return write_outputs(result, cfg, device, transport)
         finally:
-            close = getattr(transport, "close", None)
-            if close is not None:
-                close()
+            transport.close()
 
 
 def _calibration(cfg: TuneConfig, policy: Policy, policy_sha: str, work: Path, log: Log) -> Path:

@@ -15,12 +15,18 @@ from typing import Any
 
 from quarl_edge import __version__
 from quarl_edge.bench.report import REPORT
-from quarl_edge.bench.run import BenchConfig, bench, finite_json
+from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
-from quarl_edge.runtimes.fsutil import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
+from quarl_edge.runtimes.fsutil import (
+    atomic_directory,
+    atomic_write_json,
+    atomic_write_text,
+    finite_json,
+    sha256_file,
+)
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
-from quarl_edge.runtimes.signing import sign_bundle
+from quarl_edge.runtimes.signer import sign_bundle
 from quarl_edge.tune.config import TuneConfig
 from quarl_edge.tune.records import Shipped
 from quarl_edge.tune.report import TUNE_MARKDOWN, markdown, plot
