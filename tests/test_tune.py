@@ -27,7 +27,7 @@ def tuned(
     tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
 ) -> tuple[TuneConfig, TuneResult]:
     cfg = TuneConfig(policy=cartpole_policy, out=tmp_path_factory.mktemp("tune") / "t", calibration=cartpole_calib,
-                     episodes=4, confirm_episodes=4, budget_min=5, latency_samples=200)  # fmt: skip
+                     episodes=4, confirm_episodes=4, budget_min=60, latency_samples=200)  # fmt: skip
     return cfg, run_tune(cfg)
 
 
