@@ -96,7 +96,7 @@ def _as_sb3_sees(space: Any) -> Any:
 
     out = copy.deepcopy(space)  # VecTransposeImage's way: the keys keep their order
     for k, s in space.spaces.items():
-        if is_image_space(s) and not is_image_space_channels_first(s):
+        if isinstance(s, spaces.Box) and is_image_space(s) and not is_image_space_channels_first(s):
             out.spaces[k] = VecTransposeImage.transpose_space(s, k)
     return out
 
