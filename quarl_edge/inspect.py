@@ -43,7 +43,8 @@ class Inspection:
     observation_space: dict[str, Any]
     """what the model takes (a Dict observation flattened, see observation_keys)"""
     observation_keys: tuple[dict[str, Any], ...]
-    """a Dict observation's entries (key, shape), in the order they are flattened; () otherwise"""
+    """a Dict observation's entries (key, shape, dtype, kind: vector, image_hwc or image_chw), in the order
+    they are flattened; () otherwise"""
     action_space: dict[str, Any]
     model: str
     layers: tuple[Layer, ...]
@@ -72,8 +73,11 @@ def _keys(wrappers: tuple[WrapperConfig, ...]) -> tuple[dict[str, Any], ...]:
     w = next((w for w in wrappers if w.name == DICT_OBS), None)
     if w is None:
         return ()
+    n = len(w.kwargs["keys"])
+    kinds, dtypes = w.kwargs.get("kinds") or ["vector"] * n, w.kwargs.get("dtypes") or [None] * n
     return tuple(
-        {"key": k, "shape": list(sh)} for k, sh in zip(w.kwargs["keys"], w.kwargs["shapes"], strict=True)
+        {"key": k, "shape": list(sh), "dtype": dt, "kind": kind}
+        for k, sh, dt, kind in zip(w.kwargs["keys"], w.kwargs["shapes"], dtypes, kinds, strict=True)
     )
 
 
@@ -142,7 +146,12 @@ def lines(ins: Inspection) -> list[tuple[str, str]]:
             "observation",
             space(ins.observation_space)
             + (
-                " <- dict " + ", ".join(f"{k['key']} {k['shape']}" for k in ins.observation_keys)
+                " <- dict "
+                + ", ".join(
+                    f"{k['key']} {k['shape']}"
+                    + (f" {k['dtype']} {k['kind']}" if k["kind"] != "vector" else "")
+                    for k in ins.observation_keys
+                )
                 if ins.observation_keys
                 else ""
             ),

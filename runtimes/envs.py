@@ -76,7 +76,10 @@ def flatten_observation(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarr
     return np.concatenate([np.asarray(obs[k], dtype=np.float64).reshape(-1) for k in keys]).astype(np.float32)
 
 
-def _flatten_dict(env: Any, keys: Any = None, sizes: Any = None, shapes: Any = None) -> Any:
+def _flatten_dict(
+    env: Any, keys: Any = None, sizes: Any = None, shapes: Any = None, kinds: Any = None, dtypes: Any = None
+) -> Any:
+    # kinds, dtypes: dict_obs's per-key checks, made by the deployed policy (runtimes.modelio.DictInput)
     from gymnasium import spaces
     from gymnasium.wrappers import TransformObservation
 

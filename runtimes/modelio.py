@@ -104,22 +104,37 @@ class ModelInputs:
         return outs[0]
 
 
+VECTOR = "vector"
+IMAGE_KINDS = ("image_hwc", "image_chw")
+"""a Dict entry's kind in the ``dict_obs`` preprocessing: an image (uint8 pixels, height-width-channels or
+channels first as the env returns it; the graph scales and transposes it as SB3 does) or a vector"""
+KEY_KINDS = (VECTOR, *IMAGE_KINDS)
+
+
 class DictInput:
-    """A Dict observation (the manifest's ``dict_obs`` preprocessing: keys, shapes, order) checked key by
-    key and flattened, in that order, into the model's input vector."""
+    """A Dict observation (the manifest's ``dict_obs`` preprocessing: keys, shapes, order, and each key's
+    kind) checked key by key and flattened, in that order, into the model's input vector. Image entries
+    go in as their raw pixel values (0..255) cast to float32: the graph slices them back out."""
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
         keys, sizes, shapes = kwargs.get("keys"), kwargs.get("sizes"), kwargs.get("shapes")
+        kinds = kwargs.get("kinds", [VECTOR] * len(keys) if isinstance(keys, list) else None)
         fix = "re-export the bundle"
         if not (isinstance(keys, list) and isinstance(sizes, list) and isinstance(shapes, list)
-                and len(keys) == len(sizes) == len(shapes) and all(isinstance(k, str) for k in keys)):  # fmt: skip
+                and isinstance(kinds, list) and len(keys) == len(sizes) == len(shapes) == len(kinds)
+                and all(isinstance(k, str) for k in keys)):  # fmt: skip
             raise InputError(
-                "the dict_obs preprocessing needs lists of keys, sizes and shapes of one length", fix
+                "the dict_obs preprocessing needs lists of keys, sizes, shapes (and kinds) of one length", fix
             )
+        if any(k not in KEY_KINDS for k in kinds):
+            raise InputError(f"the dict_obs preprocessing has a key kind outside {', '.join(KEY_KINDS)}", fix)
         self.keys: tuple[str, ...] = tuple(keys)
+        self.kinds: tuple[str, ...] = tuple(kinds)
         self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
         if any(int(np.prod(s)) != n for s, n in zip(self.shapes, sizes, strict=True)):
             raise InputError("the dict_obs preprocessing has a size that does not fit its shape", fix)
+        if any(k != VECTOR and len(s) != 3 for k, s in zip(self.kinds, self.shapes, strict=True)):
+            raise InputError("the dict_obs preprocessing has an image key whose shape is not 3-D", fix)
 
     def flatten(self, obs: Any, refuse: Any) -> np.ndarray:
         """``obs`` (the env's dict) as one float32 vector; ``refuse(problem, fix)`` makes the InputError."""
@@ -127,7 +142,7 @@ class DictInput:
             raise refuse(f"observation of type {type(obs).__name__}, the policy takes a dict with the keys "
                          f"{', '.join(self.keys)}", "pass the env's observation dict as it comes")  # fmt: skip
         parts = []
-        for key, shape in zip(self.keys, self.shapes, strict=True):
+        for key, shape, kind in zip(self.keys, self.shapes, self.kinds, strict=True):
             if key not in obs:
                 raise refuse(f"observation dict has no key {key!r}",
                              f"pass the env's observation dict with the keys {', '.join(self.keys)}")  # fmt: skip
@@ -138,5 +153,18 @@ class DictInput:
             if x.dtype.kind not in "biuf" or x.shape != shape:
                 raise refuse(f"observation[{key!r}] of shape {list(x.shape)} ({x.dtype}), the policy takes "
                              f"{list(shape)} numbers", f"pass the env's {key!r} entry as it comes")  # fmt: skip
+            if kind != VECTOR:
+                _check_pixels(key, x, refuse)
             parts.append(x.reshape(-1))
         return np.concatenate(parts).astype(np.float32)
+
+
+def _check_pixels(key: str, x: np.ndarray, refuse: Any) -> None:
+    # the graph divides by 255: a frame already scaled to 0..1 (float) would pass as a black image
+    if x.dtype.kind not in "ui" or not x.size:
+        raise refuse(f"observation[{key!r}] is an image of {x.dtype}, the policy takes uint8 pixels 0..255",
+                     f"pass the env's {key!r} frame as it comes (uint8, not scaled)")  # fmt: skip
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi > 255:
+        raise refuse(f"observation[{key!r}] has pixel values {lo}..{hi}, outside 0..255",
+                     f"pass the env's {key!r} frame as it comes (uint8)")  # fmt: skip

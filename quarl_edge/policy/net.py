@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quarl_edge.policy.combined import CombinedFeatures, key_parts, nature_cnn
 from quarl_edge.policy.format import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 from quarl_edge.quant.config import QATConfig
 from quarl_edge.quant.qat import QATClock, convert
@@ -38,6 +39,7 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "elu": nn.ELU,
     "leaky_relu": nn.LeakyReLU,
 }
+MODELS = ("mlp", "nature_cnn", "combined")
 HEADS = ("argmax", "clip", "tanh_unscale", "identity", "multi_argmax", "binary")
 RECURRENT = ("lstm", "gru")
 STATE_NAMES = {"lstm": (("h_in", "h_out"), ("c_in", "c_out")), "gru": (("h_in", "h_out"),)}
@@ -56,7 +58,7 @@ class NetArch:
     component over its slice of the logits), ``binary`` (MultiBinary: logit > 0, Bernoulli's mode).
     """
 
-    model: str  # "mlp" | "nature_cnn"
+    model: str  # "mlp" | "nature_cnn" | "combined" (SB3's CombinedExtractor: policy/combined.py)
     hidden: tuple[int, ...]
     activation: str
     out_dim: int
@@ -78,8 +80,11 @@ class NetArch:
     rnn_layers: int = 1
 
     def __post_init__(self) -> None:
-        if self.model not in ("mlp", "nature_cnn"):
-            raise InputError(f"unsupported model type {self.model!r}", "supported: mlp, nature_cnn")
+        if self.model not in MODELS:
+            raise InputError(f"unsupported model type {self.model!r}", f"supported: {', '.join(MODELS)}")
+        if self.model == "combined" and (self.obs_norm or self.recurrent):
+            raise InputError("a Dict observation with image keys and observation normalization or a recurrent "
+                             "cell", "quarl-edge rebuilds MultiInputPolicy's feed-forward policies")  # fmt: skip
         if self.activation not in ACTIVATIONS:
             raise InputError(
                 f"unsupported activation {self.activation!r}", f"supported: {', '.join(sorted(ACTIVATIONS))}"
@@ -206,17 +211,20 @@ class PolicyNet(nn.Module):
                     f"the Nature-CNN needs image observations (C, H, W), got shape {list(obs_shape)}",
                     "use --model mlp for vector observations",
                 )
-            c = obs_shape[0]
-            self.cnn = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-                nn.Flatten(),
-            )  # fmt: skip
+            self.cnn = nature_cnn(obs_shape[0])
             with torch.no_grad():
                 n_flat = int(self.cnn(torch.zeros(1, *obs_shape)).shape[1])
             self.cnn_fc = nn.Sequential(nn.Linear(n_flat, arch.cnn_features), nn.ReLU())
             in_dim = arch.cnn_features
+        elif arch.model == "combined":
+            parts = key_parts(spec.env.wrappers)
+            if sum(p.size for p in parts) != int(np.prod(obs_shape)):
+                raise InputError(
+                    f"the combined model needs the env's Dict keys, its spec has {list(obs_shape)} inputs",
+                    "re-import the policy",
+                )
+            self.combined = CombinedFeatures(parts, arch.cnn_features, arch.scale_uint8)
+            in_dim = self.combined.out_dim
         else:
             in_dim = int(np.prod(obs_shape)) if obs_shape else 1
         if arch.recurrent:
@@ -239,6 +247,8 @@ class PolicyNet(nn.Module):
 
     def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
+        if self.arch.model == "combined":  # each image key scaled by itself, the vectors as they are
+            return self.combined(x)
         if self.arch.scale_uint8:
             x = x / 255.0
         if self.arch.obs_norm:

@@ -16,12 +16,14 @@ import torch
 from gymnasium import spaces as gym_spaces
 
 from quarl_edge.policy.algos import IMPORTABLE, LAYOUTS, SQUASHED
+from quarl_edge.policy.combined import key_kind, key_parts
 from quarl_edge.policy.net import NetArch, Policy, build_policy
 from quarl_edge.policy.registry import env_config
 from quarl_edge.policy.vecnormalize import VecNormStats
 from quarl_edge.quant.config import QATConfig
-from quarl_edge.runtimes.envs import DICT_OBS, flatten_dict_wrapper, make_env, space_spec
+from quarl_edge.runtimes.envs import DICT_OBS, make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.modelio import VECTOR
 from quarl_edge.runtimes.spec import PolicySpec, WrapperConfig
 
 ACTIVATION_NAMES = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "LeakyReLU": "leaky_relu"}
@@ -166,6 +168,8 @@ def policy_from_parts(
         ) from None
     s = parts.state
     cnn = f"{fx}cnn.0.weight" in s
+    images = [p.key for p in key_parts(base.env.wrappers) if p.kind != VECTOR]
+    combined = bool(images)  # MultiInputPolicy with image keys: CombinedExtractor's CNN per image key
     obs_space, act_space = base.observation_space, base.action_space
     if act_space.is_discrete:
         head = "argmax"
@@ -180,16 +184,20 @@ def policy_from_parts(
     quantiles = act_space.n if parts.algo == "qrdqn" and act_space.is_discrete else None
     out_dim = quantiles or int(s[f"{out}weight"].shape[0])
     arch = NetArch(
-        model="nature_cnn" if cnn else "mlp",
+        model="combined" if combined else "nature_cnn" if cnn else "mlp",
         hidden=tuple(int(s[f"{h}weight"].shape[0]) for h in hidden),
         activation=parts.activation,
         out_dim=out_dim,
         head=head,
-        scale_uint8=bool(parts.normalize_images and obs_space.is_image),
+        scale_uint8=bool(parts.normalize_images and (obs_space.is_image or combined)),
         obs_norm=vecnorm is not None,
         norm_clip=float(vecnorm.clip_obs) if vecnorm else 10.0,
         norm_eps=float(vecnorm.epsilon) if vecnorm else 1e-8,
-        cnn_features=int(s[f"{fx}linear.0.weight"].shape[0]) if cnn else 512,
+        cnn_features=int(s[f"{fx}linear.0.weight"].shape[0])
+        if cnn
+        else int(s[f"{fx}extractors.{images[0]}.linear.0.weight"].shape[0])
+        if combined
+        else 512,
         qat=parts.qat,
         action_mask=LAYOUTS[parts.algo].mask if parts.algo in LAYOUTS else False,
         **_recurrent(s),
@@ -199,6 +207,10 @@ def policy_from_parts(
         for i in (0, 2, 4):
             _copy_layer(s, f"{fx}cnn.{i}.", f"cnn.{i}.", state)
         _copy_layer(s, f"{fx}linear.0.", "cnn_fc.0.", state)
+    for j, key in enumerate(images):  # SB3: features_extractor.extractors.<key>.{cnn,linear}
+        for i in (0, 2, 4):
+            _copy_layer(s, f"{fx}extractors.{key}.cnn.{i}.", f"combined.cnns.{j}.{i}.", state)
+        _copy_layer(s, f"{fx}extractors.{key}.linear.0.", f"combined.cnn_fcs.{j}.0.", state)
     for i in range(arch.rnn_layers if arch.recurrent else 0):  # RecurrentPPO's actor LSTM
         for src, dst in (("ih", "ih"), ("hh", "hh")):
             state[f"rnn.{dst}{i}.weight"] = s[f"lstm_actor.weight_{src}_l{i}"]
@@ -246,17 +258,24 @@ def parts_from_model(model: Any, algo: str, qat: QATConfig | None = None) -> SB3
 
 
 def dict_obs_wrapper(space: Any, env_id: str) -> WrapperConfig:
-    """SB3's CombinedExtractor over vector entries is their concatenation in the Dict space's (sorted)
-    key order: the same flattening, held by the deployed policy. Image entries (a CNN per key) are not
-    rebuilt."""
-    images = [k for k, s in space.spaces.items() if len(s.shape) == 3 and s.dtype == np.uint8]
-    if images or not all(isinstance(s, gym_spaces.Box) for s in space.spaces.values()):
+    """SB3's CombinedExtractor over a Dict observation, as data held by the deployed policy: the keys in
+    the space's own order (gymnasium sorts a plain dict's keys; SB3 iterates them in that order), each
+    key's shape and dtype as the env returns it, and its kind: an image (SB3's ``is_image_space``; the graph
+    runs a Nature CNN on it, policy/combined.py) or a vector (concatenated as it is)."""
+    if not all(isinstance(s, gym_spaces.Box) for s in space.spaces.values()):
         raise InputError(
-            f"{env_id!r} has Dict observations with {'image entries ' + repr(images) if images else 'non-Box entries'}",
-            "quarl-edge rebuilds MultiInputPolicy over vector entries (goal-conditioned agents, DM Control); "
+            f"{env_id!r} has Dict observations with non-Box entries",
+            "quarl-edge rebuilds MultiInputPolicy over Box entries (images and vectors); "
             "export the network yourself to ONNX and import it with --io",
         )
-    return flatten_dict_wrapper(space, DICT_OBS)
+    keys = list(space.spaces)
+    return WrapperConfig(DICT_OBS, {
+        "keys": keys,
+        "sizes": [int(np.prod(space[k].shape)) for k in keys],
+        "shapes": [[int(d) for d in space[k].shape] for k in keys],
+        "dtypes": [str(np.dtype(space[k].dtype)) for k in keys],
+        "kinds": [key_kind(space[k]) for k in keys],
+    })  # fmt: skip
 
 
 def base_spec(env_id: str, algo: str, name: str, source: str) -> PolicySpec:

@@ -10,6 +10,7 @@ rebuilt from the plain text beside them, schedules as constants), and SB3 reads 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
 from collections.abc import Callable
@@ -82,6 +83,24 @@ def _stand_in(key: str, type_name: str) -> Any:
     return None
 
 
+def _as_sb3_sees(space: Any) -> Any:
+    """A Dict observation space with its channels-last image keys transposed, as SB3's VecTransposeImage
+    hands it to the model at training (its policy was built for that space; ``predict`` transposes the
+    env's frames itself)."""
+    from gymnasium import spaces
+
+    if not isinstance(space, spaces.Dict):
+        return space
+    from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+    from stable_baselines3.common.vec_env import VecTransposeImage
+
+    out = copy.deepcopy(space)  # VecTransposeImage's way: the keys keep their order
+    for k, s in space.spaces.items():
+        if isinstance(s, spaces.Box) and is_image_space(s) and not is_image_space_channels_first(s):
+            out.spaces[k] = VecTransposeImage.transpose_space(s, k)
+    return out
+
+
 def sb3_reference(
     path: Path, algo: str, data: dict[str, Any], env: EnvConfig, vecnorm: VecNormStats | None
 ) -> tuple[str, Callable[..., np.ndarray]]:
@@ -98,6 +117,11 @@ def sb3_reference(
     dict_obs = next((w.kwargs for w in env.wrappers if w.name == DICT_OBS), None)
     keys = list(dict_obs["keys"]) if dict_obs else None
     shapes = [tuple(sh) for sh in dict_obs["shapes"]] if dict_obs else []
+    images = {
+        k
+        for k, kind in zip(keys or [], (dict_obs or {}).get("kinds") or [], strict=False)
+        if kind != "vector"
+    }
 
     def load() -> Any:
         try:
@@ -117,7 +141,7 @@ def sb3_reference(
             if "replay_buffer_kwargs" in data:  # a HER buffer's arguments, for the default buffer it gets
                 custom["replay_buffer_kwargs"] = {}
             custom.update(
-                observation_space=made.observation_space,
+                observation_space=_as_sb3_sees(made.observation_space),
                 action_space=made.action_space,
                 policy_class=_policy_class(data),
                 policy_kwargs=_kwargs(data),
@@ -133,8 +157,8 @@ def sb3_reference(
         x: Any = np.asarray(obs)
         if keys is not None:  # the trace holds the flattened dict: SB3 takes the dict
             cuts = np.cumsum([int(np.prod(sh)) for sh in shapes])[:-1]
-            x = {
-                k: part.reshape(len(part), *sh)
+            x = {  # image keys as the env returned them: uint8 pixels
+                k: part.reshape(len(part), *sh).astype(np.uint8 if k in images else part.dtype)
                 for k, sh, part in zip(keys, shapes, np.split(x, cuts, axis=1), strict=True)
             }
         elif vecnorm is not None:

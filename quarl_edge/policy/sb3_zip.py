@@ -35,8 +35,9 @@ from quarl_edge.runtimes.spec import SpaceSpec
 
 _FIX = "pass a .zip saved by SB3's model.save()"
 _DATA_OBJECTS = ("policy_class", "observation_space", "action_space", "policy_kwargs")
-# feature extractors whose layers map onto PolicyNet's (flattening, the Nature CNN)
-_EXTRACTORS = ("FlattenExtractor", "NatureCNN")
+# feature extractors whose layers map onto PolicyNet's (flattening, the Nature CNN, MultiInputPolicy's
+# per-key Nature CNN or flattening: policy/combined.py)
+_EXTRACTORS = ("FlattenExtractor", "NatureCNN", "CombinedExtractor")
 _FILE_NAME = re.compile(
     r"(" + "|".join(sorted(IMPORTABLE, key=len, reverse=True)) + r")[-_](.+)", flags=re.IGNORECASE
 )
@@ -152,7 +153,8 @@ def _check_classes(z: ZipContents, path: Path) -> None:
     if extractor and extractor.group(1) not in _EXTRACTORS:
         raise InputError(
             f"{str(path)!r} uses the custom feature extractor {extractor.group(1)!r}",
-            f"supported extractors: {', '.join(_EXTRACTORS)} (SB3's MlpPolicy and CnnPolicy); export the "
+            f"supported extractors: {', '.join(_EXTRACTORS)} (SB3's MlpPolicy, CnnPolicy, MultiInputPolicy); "
+            "export the "
             "network yourself to ONNX and import it with --io",
         )
 
