@@ -74,4 +74,4 @@ def _tune(policy_dir: Path, calib: Path | None, out: Path) -> None:
     c = result.choice
     if c is not None:  # run_tune raises when nothing passes
         info(f"chosen: {c.name} at {c.threads} thread(s), {c.speedup_vs_fp32:.2f}x {result.reference}'s p50, reward "
-             f"drop {c.drop_pct + 0.0:+.2f}%; its bundle: {out / 'bundle'} (quarl-edge gate {out / 'tune.json'})")  # fmt: skip
+             f"drop {(c.drop_pct or 0.0) + 0.0:+.2f}%; its bundle: {out / 'bundle'} (quarl-edge gate {out / 'tune.json'})")  # fmt: skip

@@ -22,6 +22,7 @@ MAX_EPISODES = 100_000
 MAX_THREADS = 1024
 MAX_P99_MS = 3_600_000.0  # an hour per inference is no control loop
 MAX_SAMPLES = 10_000_000
+MAX_ACTION_ERROR = 1e9  # in action units: a larger limit is a typo, not a tolerance
 
 
 def _finite(value: float, flag: str, lo: float, hi: float, example: str, lo_open: bool = False) -> None:
@@ -50,6 +51,10 @@ class TuneConfig:
     min_agreement: float | None = None
     """also the per-layer search's proxy when set; else 0.95 (discrete) / 0.98 (continuous)"""
     max_p99_ms: float | None = None
+    max_action_error: float | None = None
+    """where the policy's environment cannot run here, the verdict: the largest action error against fp32
+    on the recorded observations (gate's measure: max |Δa| in action units; for discrete actions the share
+    of differing actions); required then, refused otherwise (the closed loop judges by reward)"""
     budget_min: float = 15.0
     calibration: Path | None = None
     episodes: int = 20
@@ -84,6 +89,8 @@ class TuneConfig:
             _finite(self.min_agreement, "--min-agreement", 0, 1, "0.95")
         if self.max_p99_ms is not None:
             _finite(self.max_p99_ms, "--max-p99-ms", 0, MAX_P99_MS, "5", lo_open=True)
+        if self.max_action_error is not None:
+            _finite(self.max_action_error, "--max-action-error", 0, MAX_ACTION_ERROR, "0.05")
         _count(self.episodes, "--episodes", 2, MAX_EPISODES, "20 (a paired interval needs two)")
         _count(self.confirm_episodes, "confirm_episodes", 0, MAX_EPISODES, "40")
         _count(self.seed, "seed", 0, 2**31 - 1, "1000")
