@@ -6,11 +6,14 @@ replayed on the device (a recurrent policy's state carried over each episode), a
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_rsl_rl import _checkpoint, _observations
@@ -19,8 +22,9 @@ from quarl_edge.bench.report import read_report
 from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.tune.config import TuneConfig
+from quarl_edge.tune.result import TuneResult
 from quarl_edge.tune.search import run_tune
-from quarl_edge.tune.verify import read_tune_json
+from quarl_edge.tune.verify import check_against_report, read_tune_json
 
 CARTPOLE = Path(__file__).resolve().parents[1] / "quarl_edge" / "assets" / "policies" / "cartpole-ppo"
 
@@ -86,6 +90,35 @@ def test_the_fastest_within_the_action_error_limit_is_chosen(rsl: tuple[Path, Pa
         # the same gate fails a tighter limit: the number is the measured one, not a stamp
         tight = evaluate(read_report(out / "tune.json"), GateConfig(max_action_error=err / 2))
         assert not all(ch.passed for ch in tight)
+        _forged_blocks_are_refused(data, c.name)
+
+
+def _forged_blocks_are_refused(data: dict[str, Any], chosen: str) -> None:
+    """What gate reads back: a choice over its own limit, an error other than its row's, a reward drop in a
+    block that says the reward was not measured, a block that hides it from its report."""
+
+    def forged(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        block = copy.deepcopy(data["tune"])
+        change(block)
+        return block
+
+    row = next(i for i, r in enumerate(data["tune"]["candidates"]) if r["name"] == chosen)
+    err = data["tune"]["choice"]["action_error"]
+    cases = {
+        "above the limit": lambda b: b["settings"].update(max_action_error=err / 2),
+        "other than the one measured": lambda b: b["candidates"][row].update(action_error=err * 2),
+        "yet gives a reward drop": lambda b: b["choice"].update(drop_pct=0.0),
+        # without the words, the choice is read as judged by reward, and it has no drop
+        "reward drop other than the one judged": lambda b: b.pop("reward_not_measured"),
+    }
+    for message, change in cases.items():
+        with pytest.raises(InputError, match=message):
+            TuneResult.from_dict(forged(change))
+    # a block that would hide it from a report whose reward was not measured
+    with pytest.raises(InputError, match="says the reward was not measured, its report says otherwise"):
+        check_against_report(
+            TuneResult.from_dict(data["tune"]), {**data, "reward_not_measured": None}, "tune.json"
+        )
 
 
 def test_without_max_action_error_one_line_and_nothing_written(

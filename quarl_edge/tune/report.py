@@ -65,10 +65,9 @@ def markdown(result: TuneResult) -> str:
     lines = [f"{TITLE} {md_cell(result.policy)} on {md_cell(d.name)}{emulated}", ""]
     unmeasured, limit = result.reward_not_measured, result.settings.max_action_error
     if c is not None:
-        judged = (f"reward drop {c.drop_pct + 0.0:+.2f}%" if c.drop_pct is not None
-                  else f"action error {c.action_error or 0.0:.4g}, reward not measured")  # fmt: skip
+        drop = "" if c.drop_pct is None else f", reward drop {c.drop_pct + 0.0:+.2f}%"  # None: not measured
         lines.append(f"Chosen: **{md_cell(c.name)}** at {c.threads} thread(s), p50 {c.p50_us:.1f} us "
-                     f"({c.speedup_vs_fp32:.2f}x fp32), {judged}: {md_cell(c.why)}; model sha256 {c.sha256}.")  # fmt: skip
+                     f"({c.speedup_vs_fp32:.2f}x fp32){drop}: {md_cell(c.why)}; model sha256 {c.sha256}.")  # fmt: skip
     if unmeasured is None:
         gate = f"reward drop <= {result.settings.max_reward_drop_pct:g}%"
     else:
