@@ -95,5 +95,5 @@ def _tune(policy_dir: Path, calib: Path | None, out: Path, printer: Printer) -> 
     c = result.choice
     if c is not None:  # run_tune raises when nothing passes
         printer.info(f"chosen: {c.name} at {c.threads} thread(s), {c.speedup_vs_fp32:.2f}x {result.reference}'s p50, "
-                     f"reward drop {c.drop_pct + 0.0:+.2f}%; its bundle: {out / 'bundle'} "
+                     f"reward drop {(c.drop_pct or 0.0) + 0.0:+.2f}%; its bundle: {out / 'bundle'} "
                      f"(quarl-edge gate {out / 'tune.json'})")  # fmt: skip

@@ -219,10 +219,7 @@ def _action_error_check(m: ModelResult, label: str, limit: float, unmeasured: st
             limit,
             f"{label}: no trace replay to measure the action error",
         )
-    if a.max_abs_diff is not None:
-        err, what = a.max_abs_diff, "max |Δa|"
-    else:  # discrete, or no finite bound: the share of steps whose action differs
-        err, what = 1.0 - a.value, "differing actions"
+    err, what = a.action_error()
     ok = err <= limit
     why = " (reward not measured: the environment cannot run here)" if unmeasured else ""
     return Check(m.name, "action_error", ok, err, limit,

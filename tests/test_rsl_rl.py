@@ -151,15 +151,17 @@ def test_a_pickled_object_in_the_checkpoint_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
 
 
-def test_tune_refuses_an_env_that_cannot_run_here_in_one_line(
+def test_tune_without_an_env_needs_max_action_error_in_one_line(
     rsl: tuple[RslActor, Path, Path], tmp_path: Path
 ) -> None:
+    """tune judges such a policy by its action error (tests/test_tune_noenv.py); without the limit it stops
+    before anything is written, saying to pass it."""
     from quarl_edge.tune.config import TuneConfig
     from quarl_edge.tune.search import run_tune
 
-    _, pt, _ = rsl
+    _, pt, bundle = rsl
     out = tmp_path / "tuned"
     with pytest.raises(InputError, match="cannot run here") as ei:
-        run_tune(TuneConfig(policy=pt, out=out))
-    assert "--max-action-error" in str(ei.value) and "\n" not in str(ei.value)
+        run_tune(TuneConfig(policy=pt, out=out, calibration=bundle / "trace.npz"))
+    assert "pass --max-action-error" in str(ei.value) and "\n" not in str(ei.value)
     assert not out.exists() or not any(out.iterdir())

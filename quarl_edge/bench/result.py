@@ -118,6 +118,14 @@ class Agreement:
         for k in ("mean_abs_diff", "p99_abs_diff", "max_abs_diff"):
             opt_number(getattr(self, k), k, lo=0)
 
+    def action_error(self) -> tuple[float, str]:
+        """The action error `gate --max-action-error` judges and tune chooses by where the environment
+        cannot run here, and what it is: max |a - a_fp32| in action units; for discrete actions (or when
+        no finite bound exists: a model answered NaN) the share of steps whose action differs."""
+        if self.max_abs_diff is not None:
+            return self.max_abs_diff, "max |Δa|"
+        return 1.0 - self.value, "differing actions"
+
 
 @dataclass(frozen=True)
 class Percentiles:

@@ -373,10 +373,20 @@ def _after_gate(report: Path, data: FleetReport, checks: list[Check], tuned: boo
     names = [manifest.policy.train.get("imported_from"), manifest.policy.source.partition(":")[2]]
     source = next((Path(n) for n in names if isinstance(n, str) and n and Path(n).is_file()), None)
     calibration = (manifest.calibration or {}).get("file")
-    if source is not None and calibration and Path(calibration).is_file():
+    # no environment here: tune judges by the action error, at the limit this gate passed
+    limit = next((c.limit for c in checks if c.name == "action_error"), None)
+    offline = manifest.policy.env.family == "external"
+    if (
+        source is not None
+        and calibration
+        and Path(calibration).is_file()
+        and (limit is not None or not offline)
+    ):
         lines.append(f"next: quarl-edge tune --policy {_q(source)} --calibration {_q(calibration)}"
+                     f"{f' --max-action-error {limit:g}' if offline else ''}"
                      f"{f' --device {_q(board)}' if board else ''} --out {_q(Path('tune') / bundle.name)}"
-                     "   (the fastest model that keeps the reward, on the board with --device NAME)")  # fmt: skip
+                     f"   (the fastest model {'within that action error' if offline else 'that keeps the reward'}, on the "
+                     "board with --device NAME)")  # fmt: skip
     passed_models = {c.model for c in checks} - {c.model for c in checks if not c.passed}
     fastest = min((m for r in data.reports.values() for m in r.models if m.name in passed_models),
                   key=lambda m: m.latency.p50_us if m.latency else math.inf, default=None)  # fmt: skip

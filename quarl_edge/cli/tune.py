@@ -45,6 +45,7 @@ def tune(
     max_reward_drop: Annotated[str | None, typer.Option("--max-reward-drop", help=f"in % of |fp32's mean return|: 2% or the fraction 0.02 (default {_default('max_reward_drop_pct')}%)")] = None,
     min_agreement: Annotated[float | None, typer.Option("--min-agreement", help="0..1; also the per-layer proxy")] = None,
     max_p99_ms: Annotated[float | None, typer.Option("--max-p99-ms", help="largest p99 latency in ms on the device")] = None,
+    max_action_error: Annotated[float | None, typer.Option("--max-action-error", help="the verdict when the policy's environment cannot run here: largest action error vs fp32 on the --calibration observations (max |Δa|; discrete: share of differing actions)")] = None,
     budget_min: Annotated[float | None, typer.Option("--budget-min", help=f"stop with the best so far after M minutes (default {_default('budget_min')})")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="recorded rollouts (.npz)")] = None,
     episodes: Annotated[int | None, typer.Option("--episodes", help=f"paired closed-loop episodes per candidate (default {_default('episodes')})")] = None,
@@ -71,7 +72,7 @@ def tune(
         "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop"),
         "budget_min": budget_min, "episodes": episodes, "workers": workers}.items() if v is not None}  # fmt: skip
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
-                     max_p99_ms=max_p99_ms, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
+                     max_p99_ms=max_p99_ms, max_action_error=max_action_error, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
                      vecnormalize=vecnormalize, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
     if sign is not None:  # a bad key is refused before the search, not after it
         from quarl_edge.runtimes.signing import load_private_key

@@ -24,11 +24,11 @@ from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.fsutil import atomic_write_json, sha256_file
-from quarl_edge.tune.records import Drift, Timing, share
+from quarl_edge.tune.records import Drift, Timing, nonnegative, share
 
 STATE_FORMAT = "quarl-edge/tune-state"
 STATE_VERSION = 3  # 3: content keys and a model sha256 per measurement; older caches are measured again
-STAGES = ("layers", "screen", "latency", "closed", "confirm")
+STAGES = ("layers", "screen", "latency", "closed", "confirm", "action_error")
 TOOLS = ("onnx", "onnxruntime", "onnxscript", "torch", "litert-torch", "ai-edge-litert", "ai-edge-quantizer",
          "tflite-runtime", "tensorflow", "numpy", "gymnasium", "ale-py", "mujoco")  # fmt: skip
 """distributions whose version changes what is exported or measured on this host"""
@@ -96,6 +96,8 @@ def _read_entry(stage: str, value: Any) -> Any:
         return share(value, stage)
     if stage == "latency":
         return Timing.from_dict(value, stage)
+    if stage == "action_error":
+        return nonnegative(value, stage)
     return Drift.from_dict(value, stage)
 
 

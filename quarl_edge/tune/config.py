@@ -33,6 +33,10 @@ class TuneConfig:
     min_agreement: float | None = None
     """also the per-layer search's proxy when set; else 0.95 (discrete) / 0.98 (continuous)"""
     max_p99_ms: float | None = None
+    max_action_error: float | None = None
+    """where the policy's environment cannot run here, the verdict: the largest action error against fp32
+    on the recorded observations (gate's measure: max |Δa| in action units; for discrete actions the share
+    of differing actions); required then, refused otherwise (the closed loop judges by reward)"""
     budget_min: float = 15.0
     calibration: Path | None = None
     episodes: int = 20
@@ -67,6 +71,8 @@ class TuneConfig:
             limits.check_min_agreement(self.min_agreement)
         if self.max_p99_ms is not None:
             limits.check_max_p99_ms(self.max_p99_ms)
+        if self.max_action_error is not None:
+            limits.check_max_action_error(self.max_action_error)
         limits.check_paired_episodes(self.episodes)
         limits.count(self.confirm_episodes, "confirm_episodes", 0, limits.MAX_EPISODES, "40")
         limits.check_seed(self.seed, "seed")

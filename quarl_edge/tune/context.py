@@ -18,7 +18,7 @@ from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
 from quarl_edge.runtimes.signer import sign_bundle
-from quarl_edge.runtimes.trace import Trace, load_trace
+from quarl_edge.runtimes.trace import Trace, load_observations
 from quarl_edge.tune.cache import State, digest
 from quarl_edge.tune.candidates import Candidate
 from quarl_edge.tune.config import TuneConfig
@@ -51,7 +51,7 @@ class Search:
 
     def load_trace(self) -> Trace:
         if self.trace is None:
-            self.trace = load_trace(self.trace_path)
+            self.trace = load_observations(self.trace_path)  # a recorded trace, or a robot's observations
         return self.trace
 
     def agreement(self, bundle: Path, model: str) -> float:
@@ -59,6 +59,11 @@ class Search:
         if bundle not in self.manifests:
             self.manifests[bundle] = load_manifest(bundle)
         return model_agreement(bundle, model, self.manifests[bundle], self.load_trace(), self.ref_actions)
+
+    @property
+    def reward_measured(self) -> bool:
+        """False where the policy's environment cannot run here: the action error is the verdict."""
+        return self.policy.spec.env.family != "external"
 
     def proxy(self) -> float:
         return self.cfg.proxy(self.policy.spec.action_space.is_discrete)
@@ -84,6 +89,14 @@ class Search:
 
     def put_closed(self, stage: str, name: str, drift: Drift) -> Drift:
         return self.state.put(stage, name, self._pair(name), drift)
+
+    def measured_error(self, name: str, threads: int) -> float | None:
+        """The cached action error of ``name`` at ``threads`` against the reference, for these two files."""
+        value: float | None = self.state.get("action_error", f"{name}@{threads}", self._pair(name))
+        return value
+
+    def put_error(self, name: str, threads: int, error: float) -> float:
+        return float(self.state.put("action_error", f"{name}@{threads}", self._pair(name), float(error)))
 
     def export(self, name: str, variants: tuple[Variant, ...], targets: tuple[str, ...] = ()) -> Path:
         """A bundle of ``variants`` (and ``targets``) in the cache folder, named by its content: the policy,

@@ -1,6 +1,8 @@
 """tune's device stages: latency of every candidate at every thread count (one model at a time on the
 device), then closed-loop paired-seed reward, fastest first, with a close call re-checked on fresh seeds;
-the first that passes is the choice (fp32 passes by definition, so it is never slower than fp32).
+the first that passes is the choice (fp32 passes by definition, so it is never slower than fp32). Where
+the policy's environment cannot run here, the action error on the recorded observations stands in for
+the closed loop (by_action_error).
 
 Rows are frozen (tune/records.py): each stage replaces a candidate's row with one that holds what it
 found. Every measurement is cached under the sha256 of the model file(s) it was made on (tune/cache.py)."""
@@ -77,7 +79,7 @@ def _screened_out(s: Search, row: CandidateRow) -> str | None:
 
 
 def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], transport: Any) -> Choice | None:
-    cfg, ref_name = s.cfg, s.reference
+    ref_name = s.reference
     rows[ref_name] = replace(rows[ref_name], verdict="pass", why="the fp32 reference", drop_pct=0.0)
     order = [r.name for r in sorted((r for r in rows.values() if r.p50_us), key=lambda r: r.p50_us or 0.0)]
     faster = [n for n in order[: order.index(ref_name)] if _screened_out(s, rows[n]) is None]
@@ -100,14 +102,74 @@ def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], tra
             choice = _verdict(s, bundle, name, rows, device, transport)
             if choice is not None:
                 return choice
-    ref = rows[ref_name]
-    if cfg.max_p99_ms is not None and ref.p99_us and ref.p99_us > cfg.max_p99_ms * 1000:
-        rows[ref_name] = replace(
-            ref, verdict="rejected", why=f"p99 {ref.p99_us / 1000:.3f} ms > {cfg.max_p99_ms:g} ms"
+    return _the_reference(s, rows)
+
+
+def _the_reference(s: Search, rows: Rows) -> Choice | None:
+    """Nothing faster passed: the fp32 reference is the choice, unless it is over --max-p99-ms too."""
+    ref, limit = rows[s.reference], s.cfg.max_p99_ms
+    if limit is not None and ref.p99_us and ref.p99_us > limit * 1000:
+        rows[s.reference] = replace(
+            ref, verdict="rejected", why=f"p99 {ref.p99_us / 1000:.3f} ms > {limit:g} ms"
         )
         return None
     _slower(rows, ref)
-    return _choice(ref, ref)
+    return _choice(ref, ref, reward=s.reward_measured)
+
+
+def by_action_error(
+    s: Search, bundle: Path, rows: Rows, device: dict[str, Any], transport: Any
+) -> Choice | None:
+    """Where the policy's environment cannot run here, the verdict without a closed loop: fastest first,
+    each candidate's action error against fp32 on the recorded observations (the bundle's trace, replayed
+    on the device by the runner, state carried over each episode, at the candidate's threads, as the
+    final bench of tune.json replays it; Agreement.action_error, the measure `gate --max-action-error`
+    judges); the first within --max-action-error is the choice. No episodes run, no reward is estimated."""
+    limit, ref_name = s.cfg.max_action_error, s.reference
+    if limit is None:  # search.py refuses this before any work; a library caller gets the same line
+        raise InputError(
+            "tune without an environment needs an action-error limit", "pass --max-action-error X"
+        )
+    rows[ref_name] = replace(rows[ref_name], verdict="pass", why="the fp32 reference", action_error=0.0)
+    order = [r.name for r in sorted((r for r in rows.values() if r.p50_us), key=lambda r: r.p50_us or 0.0)]
+    for name in order:
+        if name == ref_name:
+            break
+        row = rows[name]
+        why_not = _screened_out(s, row)
+        if why_not:
+            rows[name] = replace(row, verdict="rejected", why=why_not)
+            continue
+        if s.over_budget():
+            rows[name] = replace(row, verdict="not judged", why="the time budget ran out")
+            s.notes.append("budget reached before every faster candidate was judged by its action error")
+            break
+        err = _action_error(s, bundle, row, device, transport)
+        row = replace(row, action_error=err)
+        if err <= limit:
+            rows[name] = replace(
+                row, verdict="pass", why=f"action error {err:.4g} <= {limit:g} (reward not measured)"
+            )
+            _slower(rows, rows[name])
+            return _choice(rows[name], rows[ref_name], reward=False)
+        rows[name] = replace(row, verdict="rejected", why=f"action error {err:.4g} > {limit:g}")
+    return _the_reference(s, rows)
+
+
+def _action_error(
+    s: Search, bundle: Path, row: CandidateRow, device: dict[str, Any], transport: Any
+) -> float:
+    """One candidate's action error on the device (cached for its bytes and the reference's)."""
+    threads = row.threads or 1
+    cached: float | None = s.measured_error(row.name, threads)
+    if cached is not None:
+        return cached
+    s.log(f"action error: {row.name} vs {s.reference} on the recorded observations at {threads} thread(s)")
+    cfg = BenchConfig(episodes=0, seed=s.cfg.seed, threads=threads, latency_samples=0, models=(row.name,))
+    agreement = bench(bundle, cfg, device=device, transport=transport).model(row.name).agreement
+    if agreement is None:
+        raise QuarlError(f"the device replayed no recorded observations for {row.name}", "run tune again")
+    return s.put_error(row.name, threads, agreement.action_error()[0])
 
 
 def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], transport: Any,
@@ -164,7 +226,7 @@ def _verdict(
         )
         rows[name] = replace(row, verdict="pass", why=why)
         _slower(rows, rows[name])
-        return _choice(rows[name], rows[s.reference])
+        return _choice(rows[name], rows[s.reference], reward=True)
     shown = "undefined" if drop is None else f"{drop:+.2f}%"
     rows[name] = replace(row, verdict="rejected", why=f"reward drop {shown} > {limit:g}%")
     return None
@@ -206,8 +268,10 @@ def _drift_of(report: BenchReport, name: str, reference: str, episodes: int) -> 
     )
 
 
-def _choice(row: CandidateRow, ref: CandidateRow) -> Choice:
+def _choice(row: CandidateRow, ref: CandidateRow, reward: bool) -> Choice:
+    """``reward``: judged in closed loop (else by the action error: no drop, never an estimated one)."""
     if row.threads is None or row.p50_us is None or row.p99_us is None or ref.p50_us is None:
         raise QuarlError(f"{row.name} was chosen without a latency measurement", "run tune again")
     return Choice(row.name, row.sha256, row.threads, row.p50_us, row.p99_us, ref.p50_us / row.p50_us,
-                  row.judged_drop or 0.0, row.episodes_judged, row.why or "")  # fmt: skip
+                  (row.judged_drop or 0.0) if reward else None, row.episodes_judged, row.why or "",
+                  None if reward else row.action_error)  # fmt: skip

@@ -23,7 +23,7 @@ from quarl_edge.parallel import Workers, pool
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
-from quarl_edge.runtimes.trace import Trace, load_trace
+from quarl_edge.runtimes.trace import Trace, load_observations
 from quarl_edge.tune.candidates import Candidate
 from quarl_edge.tune.records import LayerEvidence
 
@@ -49,7 +49,7 @@ def probe_task(policy: Policy, variant: Variant, trace_bytes: bytes, ref: np.nda
         trace_path.write_bytes(trace_bytes)
         out = Path(tmp) / "bundle"
         export_bundle(policy, BundleRequest(out=out, targets=(), variants=(variant,), calibration=trace_path))
-        return model_agreement(out, variant.name, load_manifest(out), load_trace(trace_path), ref)
+        return model_agreement(out, variant.name, load_manifest(out), load_observations(trace_path), ref)
 
 
 def fan_out(

@@ -40,6 +40,13 @@ def share(v: Any, where: str) -> float:
     return x
 
 
+def nonnegative(v: Any, where: str) -> float:
+    x = schema.number(v, where, FIX)
+    if x < 0:
+        raise InputError(f"{where} is negative ({x!r})", FIX)
+    return x
+
+
 def _opt(check: Any, v: Any, where: str, *args: Any) -> Any:
     return None if v is None else check(v, where, *args)
 
@@ -125,6 +132,9 @@ class CandidateRow:
     episodes_judged: int | None = None
     confirm_drop_pct: float | None = None
     confirm_episodes: int | None = None
+    action_error: float | None = None
+    """where the environment cannot run here: its action error against fp32 on the recorded observations,
+    measured on the device at its threads (Agreement.action_error); its verdict rests on it"""
 
     def __post_init__(self) -> None:
         where = f"candidate {self.name}"
@@ -148,6 +158,7 @@ class CandidateRow:
         _opt(schema.integer, self.episodes_judged, f"{where} episodes_judged", FIX, 1)
         _opt(schema.number, self.confirm_drop_pct, f"{where} confirm_drop_pct", FIX)
         _opt(schema.integer, self.confirm_episodes, f"{where} confirm_episodes", FIX, 1)
+        _opt(nonnegative, self.action_error, f"{where} action_error")
 
     @property
     def name(self) -> str:
@@ -162,7 +173,7 @@ class CandidateRow:
         optional = {"verdict": self.verdict, "why": self.why, "drop_pct": self.drop_pct,
                     "drop_ci95_pct": list(self.drop_ci95_pct) if self.drop_ci95_pct else None,
                     "episodes_judged": self.episodes_judged, "confirm_drop_pct": self.confirm_drop_pct,
-                    "confirm_episodes": self.confirm_episodes}  # fmt: skip
+                    "confirm_episodes": self.confirm_episodes, "action_error": self.action_error}  # fmt: skip
         return {**self.candidate.to_dict(), "sha256": self.sha256, "agreement": self.agreement,
                 "latency": {str(t): v.to_dict() if v else None for t, v in self.latency},
                 "threads": self.threads, "p50_us": self.p50_us, "p99_us": self.p99_us,
@@ -183,7 +194,8 @@ class CandidateRow:
         return cls(Candidate.from_dict(d, where), d.get("sha256"), d.get("agreement"), latency, d.get("threads"),
                    d.get("p50_us"), d.get("p99_us"), d.get("verdict"), _opt(schema.text, d.get("why"), f"{where} why", FIX),
                    d.get("drop_pct"), _opt(_interval, d.get("drop_ci95_pct"), f"{where} drop_ci95_pct"),
-                   d.get("episodes_judged"), d.get("confirm_drop_pct"), d.get("confirm_episodes"))  # fmt: skip
+                   d.get("episodes_judged"), d.get("confirm_drop_pct"), d.get("confirm_episodes"),
+                   d.get("action_error"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -196,30 +208,36 @@ class Choice:
     p50_us: float
     p99_us: float
     speedup_vs_fp32: float
-    drop_pct: float
+    drop_pct: float | None
+    """None: the reward was not measured (the environment cannot run here), never estimated"""
     episodes: int | None
-    """paired episodes its verdict rests on (None: the reference, which passes by definition)"""
+    """paired episodes its verdict rests on (None: the reference, which passes by definition, or no
+    environment here)"""
     why: str
+    action_error: float | None = None
+    """where the environment cannot run here: the action error its verdict rests on"""
 
     def __post_init__(self) -> None:
         sha256(self.sha256, "choice sha256")
         schema.integer(self.threads, "choice threads", FIX, 1)
         Timing(positive(self.p50_us, "choice p50_us"), positive(self.p99_us, "choice p99_us"))
         positive(self.speedup_vs_fp32, "choice speedup_vs_fp32")
-        schema.number(self.drop_pct, "choice drop_pct", FIX)
+        _opt(schema.number, self.drop_pct, "choice drop_pct", FIX)
         _opt(schema.integer, self.episodes, "choice episodes", FIX, 1)
+        _opt(nonnegative, self.action_error, "choice action_error")
 
     def to_dict(self) -> JSONObject:
         return {"name": self.name, "sha256": self.sha256, "threads": self.threads, "p50_us": self.p50_us,
                 "p99_us": self.p99_us, "speedup_vs_fp32": self.speedup_vs_fp32, "drop_pct": self.drop_pct,
-                "episodes": self.episodes, "why": self.why}  # fmt: skip
+                "episodes": self.episodes, "why": self.why,
+                **({} if self.action_error is None else {"action_error": self.action_error})}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "choice") -> Choice:
         d = schema.obj(d, where, FIX)
         return cls(schema.text(d["name"], f"{where} name", FIX, 256), d.get("sha256"), d["threads"], d["p50_us"],
                    d["p99_us"], d["speedup_vs_fp32"], d["drop_pct"], d.get("episodes"),
-                   schema.text(d.get("why") or "", f"{where} why", FIX))  # fmt: skip
+                   schema.text(d.get("why") or "", f"{where} why", FIX), d.get("action_error"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,8 @@ class TuneSettings:
     budget_min: float
     threads: tuple[int, ...]
     proxy_agreement: float
+    max_action_error: float | None = None
+    """the verdict where the environment cannot run here (TuneConfig.max_action_error)"""
 
     def __post_init__(self) -> None:
         w = "settings"
@@ -283,12 +303,14 @@ class TuneSettings:
         for t in self.threads:
             schema.integer(t, f"{w} threads", FIX, 1)
         share(self.proxy_agreement, f"{w} proxy_agreement")
+        _opt(nonnegative, self.max_action_error, f"{w} max_action_error")
 
     def to_dict(self) -> JSONObject:
         return {"max_reward_drop_pct": self.max_reward_drop_pct, "min_agreement": self.min_agreement,
                 "max_p99_ms": self.max_p99_ms, "episodes": self.episodes, "seed": self.seed,
                 "confirm_episodes": self.confirm_episodes, "budget_min": self.budget_min,
-                "threads": list(self.threads), "proxy_agreement": self.proxy_agreement}  # fmt: skip
+                "threads": list(self.threads), "proxy_agreement": self.proxy_agreement,
+                **({} if self.max_action_error is None else {"max_action_error": self.max_action_error})}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: Any) -> TuneSettings:
@@ -297,7 +319,8 @@ class TuneSettings:
         if not isinstance(threads, list):
             raise InputError("settings threads is not a list", FIX)
         return cls(d["max_reward_drop_pct"], d.get("min_agreement"), d.get("max_p99_ms"), d["episodes"], d["seed"],
-                   d["confirm_episodes"], d["budget_min"], tuple(threads), d["proxy_agreement"])  # fmt: skip
+                   d["confirm_episodes"], d["budget_min"], tuple(threads), d["proxy_agreement"],
+                   d.get("max_action_error"))  # fmt: skip
 
 
 @dataclass(frozen=True)

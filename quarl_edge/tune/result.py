@@ -52,6 +52,9 @@ class TuneResult:
     shipped: Shipped | None = None
     files: tuple[str, ...] = ()
     """the files written (tune.json, tune.md, tune.png, the bundle); not part of tune.json"""
+    reward_not_measured: str | None = None
+    """why no episodes ran (the policy's environment cannot run here, as a bench report says it): every
+    verdict rests on the action error on the recorded observations, and no reward is estimated"""
 
     def __post_init__(self) -> None:
         _check(self)
@@ -70,7 +73,8 @@ class TuneResult:
                 "settings": self.settings.to_dict(), "notes": list(self.notes), "search_s": self.search_s,
                 "reused_measurements": self.reused_measurements,
                 "layer_search": [e.to_dict() for e in self.layer_search],
-                "shipped": self.shipped.to_dict() if self.shipped else None, "files": list(self.files)}  # fmt: skip
+                "shipped": self.shipped.to_dict() if self.shipped else None, "files": list(self.files),
+                **({} if self.reward_not_measured is None else {"reward_not_measured": self.reward_not_measured})}  # fmt: skip
 
     def tune_block(self) -> dict[str, Any]:
         """tune.json's ``tune`` block: the result without what is local to this run's machine."""
@@ -108,11 +112,16 @@ class TuneResult:
                 schema.text(d.get("bundle") or "", f"{where} bundle", FIX),
                 None if d.get("shipped") is None else Shipped.from_dict(d["shipped"]),
                 schema.strings(d.get("files") or [], f"{where} files", FIX, 64),
+                _opt_text(d.get("reward_not_measured"), f"{where} reward_not_measured"),
             )  # fmt: skip
         except schema.MALFORMED as e:
             raise InputError(
                 f"malformed {where} (bad or missing field: {type(e).__name__}: {str(e)[:120]})", FIX
             ) from None
+
+
+def _opt_text(v: Any, where: str) -> str | None:
+    return None if v is None else schema.text(v, where, FIX, 400)
 
 
 def _check(r: TuneResult) -> None:
@@ -127,6 +136,16 @@ def _check(r: TuneResult) -> None:
     ref = r.row(r.reference)
     if ref.candidate.precision != "fp32":
         raise InputError(f"tune result's reference {r.reference!r} is not an fp32 model", FIX)
+    if r.reward_not_measured is not None:
+        _opt_text(r.reward_not_measured, "tune result reward_not_measured")
+        if r.settings.max_action_error is None:
+            raise InputError("tune result did not measure the reward and names no action-error limit", FIX)
+        reward = next(
+            (x.name for x in r.candidates if x.drop_pct is not None or x.confirm_drop_pct is not None), None
+        )
+        if reward is not None or (r.choice is not None and r.choice.drop_pct is not None):
+            raise InputError(f"tune result says the reward was not measured, yet gives a reward drop "
+                             f"({reward or 'its choice'})", FIX)  # fmt: skip
     c = r.choice
     if c is not None:
         _check_choice(r, c, r.row(c.name), ref)
@@ -155,10 +174,18 @@ def _check_choice(r: TuneResult, c: Choice, row: CandidateRow, ref: CandidateRow
     limit = r.settings.max_p99_ms
     if limit is not None and c.p99_us > limit * 1000 * (1 + _TOL):
         raise InputError(f"{where}'s p99 is above the --max-p99-ms it was chosen under", FIX)
+    if r.reward_not_measured is not None:
+        _check_action_error(r, c, row)
+        return
     if c.name == r.reference:
         return
     drop = row.judged_drop
-    if drop is None or c.episodes is None or not math.isclose(c.drop_pct, drop, rel_tol=_TOL, abs_tol=1e-9):
+    if (
+        drop is None
+        or c.episodes is None
+        or c.drop_pct is None
+        or not math.isclose(c.drop_pct, drop, rel_tol=_TOL, abs_tol=1e-9)
+    ):
         raise InputError(f"{where} has a reward drop other than the one judged for it", FIX)
     if c.drop_pct > r.settings.max_reward_drop_pct:
         raise InputError(f"{where}'s reward drop {c.drop_pct:+.2f}% is above the limit it was chosen under "
@@ -167,3 +194,21 @@ def _check_choice(r: TuneResult, c: Choice, row: CandidateRow, ref: CandidateRow
         row.agreement is None or row.agreement < r.settings.min_agreement
     ):
         raise InputError(f"{where}'s agreement is below the --min-agreement it was chosen under", FIX)
+
+
+def _check_action_error(r: TuneResult, c: Choice, row: CandidateRow) -> None:
+    """A choice made where the environment cannot run here: its action error is its row's, in the limit."""
+    where = f"tune result's choice {c.name!r}"
+    if c.name == r.reference:
+        return
+    limit = r.settings.max_action_error
+    err = row.action_error
+    if (
+        err is None
+        or c.action_error is None
+        or not math.isclose(c.action_error, err, rel_tol=_TOL, abs_tol=1e-12)
+    ):
+        raise InputError(f"{where} has an action error other than the one measured for it", FIX)
+    if limit is None or c.action_error > limit:
+        raise InputError(f"{where}'s action error {c.action_error:.4g} is above the limit it was chosen under "
+                         f"({limit})", FIX)  # fmt: skip

@@ -13,7 +13,9 @@ interrupted tune resumes and a second tune with the same inputs is nearly free:
 4. (tune/judge.py) latency on the device, one model at a time, at every thread count up to the device's cores;
 5. closed loop on the device, fastest first: paired-seed reward against fp32; a close call is
    re-checked on fresh seeds; the first that passes the gate is the choice (fp32 passes by definition,
-   so the choice is never slower than the fastest fp32 measured).
+   so the choice is never slower than the fastest fp32 measured). Where the policy's environment cannot
+   run here (Isaac Sim, a robot), the action error on the recorded observations (--calibration) is the
+   verdict instead, within --max-action-error; no episode runs and no reward is estimated.
 
 The shipped bundle is the measured files, copied (tune/ship.py). A time budget stops the search with the
 best so far.
@@ -41,7 +43,7 @@ from quarl_edge.tune.cache import STATE_VERSION, State, device_sha256, digest, p
 from quarl_edge.tune.candidates import Candidate, grid
 from quarl_edge.tune.config import KINDS, TuneConfig
 from quarl_edge.tune.context import Search
-from quarl_edge.tune.judge import closed_loop, latency
+from quarl_edge.tune.judge import by_action_error, closed_loop, latency
 from quarl_edge.tune.layers import default_float_layers, layer_search
 from quarl_edge.tune.outdir import check_out, locked
 from quarl_edge.tune.records import CandidateRow, Inputs, LayerEvidence, TuneDevice, TuneSettings
@@ -102,22 +104,19 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     check_out(cfg)  # before anything is written
     profile = load_profile(cfg.device, cfg.overrides)
     policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, calibration=cfg.calibration)
-    if policy.spec.env.family == "external":  # nothing here can run the closed loop tune judges by
-        raise InputError(
-            f"tune judges every candidate in closed loop, and the policy's environment {policy.spec.env.id!r} "
-            "cannot run here",
-            "export the variants with `quarl-edge export --calibration OBS.npz` and judge them with `quarl-edge "
-            "bench` and `quarl-edge gate --max-action-error` (docs/policies.md)",
-        )
+    offline = not_measured(policy)
+    check_verdict(cfg, offline)  # before anything is written
     policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy)
     with locked(cfg.out) as work:
         stage("check the device")
         facts = check_device(profile).facts
-        if profile.transport != "local":  # the closed loop runs there: its env packages, before any work
+        if profile.transport != "local" and offline is None:  # the closed loop runs there: its env packages
             check_env(policy.spec.env, facts, profile.name)
         formats = device_formats(facts, profile.name)
         if "tflite" in formats and not _host_can_export_tflite():
             formats = tuple(f for f in formats if f != "tflite")
+        if policy.spec.state:  # the C export covers stateless MLPs (exporters/c_onnx.py), no recurrent cell
+            formats = tuple(f for f in formats if f != "c")
         cores = int(facts.get("cores") or 1)
         threads = list(range(1, min(cores, cfg.max_threads or cores) + 1))
         trace_path = _calibration(cfg, policy, policy_sha, work, log)
@@ -153,16 +152,21 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
         try:
             stage(f"latency on {profile.name}")
             latency(s, bundle, threads, rows, device, transport)
-            stage(f"closed loop on {profile.name}")
-            choice = closed_loop(s, bundle, rows, device, transport)
+            if offline is None:
+                stage(f"closed loop on {profile.name}")
+                choice = closed_loop(s, bundle, rows, device, transport)
+            else:
+                stage(f"action error on {profile.name}")
+                choice = by_action_error(s, bundle, rows, device, transport)
             result = TuneResult(
                 policy.spec.name, policy.spec.env.id, str(trace_path), inputs,
                 TuneDevice(profile.name, profile.transport, bool(profile.emulated), cores,
                            facts.get("cpu_model"), facts.get("machine")),
                 s.reference, tuple(rows.values()), choice,
                 TuneSettings(cfg.max_reward_drop_pct, cfg.min_agreement, cfg.max_p99_ms, cfg.episodes, cfg.seed,
-                             cfg.confirm_episodes, cfg.budget_min, tuple(threads), s.proxy()),
+                             cfg.confirm_episodes, cfg.budget_min, tuple(threads), s.proxy(), cfg.max_action_error),
                 tuple(s.notes), round(time.monotonic() - t0, 1), state.reused, tuple(layer_evidence), str(bundle),
+                reward_not_measured=offline,
             )  # fmt: skip
             log(
                 f"chosen: {choice.name if choice else 'none'}; shipping the measured files and benching them against fp32"
@@ -171,6 +175,34 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
             return write_outputs(result, cfg, device, transport)
         finally:
             transport.close()
+
+
+def not_measured(policy: Policy) -> str | None:
+    """Why no episode can run (the policy's environment cannot run here, e.g. Isaac Sim or a robot), as a
+    bench report says it; None when the closed loop can run."""
+    env = policy.spec.env
+    return f"the policy's environment {env.id!r} cannot run here" if env.family == "external" else None
+
+
+def check_verdict(cfg: TuneConfig, offline: str | None) -> None:
+    """What judges the candidates, settled before any work: the closed loop's reward, or where there is no
+    environment, the action error on the recorded observations, which needs its limit and those
+    observations (one line each, exit 2)."""
+    if offline is None:
+        if cfg.max_action_error is not None:
+            raise InputError("--max-action-error judges a policy whose environment cannot run here; this one's "
+                             "runs here, so tune judges it by closed-loop reward",
+                             "drop --max-action-error (gate the action error of tune.json with `quarl-edge gate "
+                             "DIR/tune.json --max-action-error X`)")  # fmt: skip
+        return
+    if cfg.max_action_error is None:
+        raise InputError(f"{offline}, so tune judges the candidates by their action error against fp32 on the "
+                         "recorded observations, and no limit was given",
+                         "pass --max-action-error X (max |Δa| in action units; for discrete actions the share "
+                         "of differing actions), e.g. --max-action-error 0.05 (docs/tune.md)")  # fmt: skip
+    if cfg.calibration is None:
+        raise InputError(f"{offline}, so no rollouts can be recorded for calibration and the action error",
+                         "pass the robot's recorded observations: --calibration OBS.npz (docs/policies.md)")  # fmt: skip
 
 
 def _calibration(cfg: TuneConfig, policy: Policy, policy_sha: str, work: Path, log: Log) -> Path:

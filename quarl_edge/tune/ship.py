@@ -89,19 +89,21 @@ def write_outputs(result: TuneResult, cfg: TuneConfig, device: dict[str, Any], t
     out = cfg.out
     c = result.choice
     if c is None:
-        judged = sorted(
-            (r for r in result.candidates if r.drop_pct is not None), key=lambda r: r.drop_pct or 0.0
-        )
+        offline = result.reward_not_measured is not None
+        judged = sorted((r for r in result.candidates if (r.action_error if offline else r.drop_pct) is not None),
+                        key=lambda r: (r.action_error if offline else r.drop_pct) or 0.0)  # fmt: skip
         closest = "; ".join(f"{r.name}: {r.why}" for r in judged[:3]) or "no candidate was judged"
         raise NothingPasses(f"no candidate passes the gate (closest: {closest})",
-                            "loosen --max-reward-drop / --max-p99-ms, or give a larger --budget-min")  # fmt: skip
+                            f"loosen {'--max-action-error' if offline else '--max-reward-drop'} / --max-p99-ms, "
+                            "or give a larger --budget-min")  # fmt: skip
     files = [claim(out / "tune.json", REPORT), claim(out / "tune.md", TUNE_MARKDOWN, name="tune.md"),
              out / "tune.png", claim(out / SHIPPED, BUNDLE, name="the tuned bundle")]  # fmt: skip
     names = [result.reference] + ([c.name] if c.name != result.reference else [])
     measured = {n: result.row(n).sha256 for n in names}
     tune = {"chosen": c.name, "threads": c.threads, "device": device["name"], "emulated": bool(device.get("emulated")),
             "evidence": c.to_dict(), "policy_sha256": result.inputs.policy_sha256, "measured": measured}  # fmt: skip
-    episodes = c.episodes or cfg.episodes  # the first seeds and a close call's fresh ones follow on
+    # the first seeds and a close call's fresh ones follow on; no episodes where the env cannot run here
+    episodes = 0 if result.reward_not_measured else c.episodes or cfg.episodes
     with atomic_directory(files[3]) as tmp:
         copy_measured(Path(result.bundle), tmp, measured, tune, cfg.sign_key)
         report = bench(tmp, BenchConfig(episodes=episodes, seed=cfg.seed, threads=c.threads,

@@ -62,6 +62,11 @@ def check_against_report(result: TuneResult, report: dict[str, Any], where: str)
         if name not in benched:
             raise InputError(f"{where}: {what} {name[:80]!r} was never benched in it (benched: "
                              f"{', '.join(map(str, benched))[:200]})", FIX)  # fmt: skip
+    if bool(report.get("reward_not_measured")) != (result.reward_not_measured is not None):
+        said = "was not" if result.reward_not_measured else "was"
+        raise InputError(
+            f"{where}: its tune block says the reward {said} measured, its report says otherwise", FIX
+        )
     if report.get("reference") != result.reference:
         raise InputError(f"{where}: the report's reference is not the tune block's {result.reference!r}", FIX)
     bundle = schema.obj(report["bundle"], f"{where} bundle", FIX)
