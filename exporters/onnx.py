@@ -487,7 +487,12 @@ def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
     if ctx.calibration is None or len(ctx.calibration) == 0:
         raise InputError("int8 export needs calibration observations", "pass --calibration OBS.npz")
     fp32 = export_fp32(ctx, ctx.workdir / "foreign-src.fp32.onnx")
-    dims = onnx.load(str(fp32)).graph.input[0].type.tensor_type.shape.dim
+    src = onnx.load(str(fp32))
+    opset = max((o.version for o in src.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if cfg.per_channel and opset < 13:  # ORT writes a per-channel DequantizeLinear it cannot load below 13
+        raise InputError(f"per-channel int8 needs ONNX opset 13 or later; this graph is opset {opset}",
+                         "export it with --per-tensor, or re-export the graph at opset 13+")  # fmt: skip
+    dims = src.graph.input[0].type.tensor_type.shape.dim
     batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 64
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
               "entropy": CalibrationMethod.Entropy}[cfg.calibration_method]  # fmt: skip

@@ -96,7 +96,8 @@ def test_starting_workers_prints_no_third_party_notice(ray: bool | None) -> None
             + "import ray\nray.init(include_dashboard=False)\nray.shutdown()\n"
         )
         r = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=300, env=env)
-        assert any("Token authentication" in x for x in third_party_lines(r.stderr)), r.stderr
+        # JAX's fork warning always; Ray's token note only where Ray has not made its token yet (it
+        # varies with the machine's ~/.ray state), so it is not what makes this control fail or pass
         assert any("os.fork()" in x for x in third_party_lines(r.stderr)), r.stderr
 
 

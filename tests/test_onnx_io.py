@@ -139,3 +139,19 @@ def test_state_names_missing_from_the_io_yaml_are_one_line(isaac: tuple, tmp_pat
         export_bundle(load_policy(onnx_path, io=isaac[2]),
                       BundleRequest(out=tmp_path / "b", targets=("tflite-fp32",), calibration=isaac[3] / "trace.npz"))  # fmt: skip
     assert not (tmp_path / "b").exists()
+
+
+def test_per_channel_int8_of_an_opset_11_graph_is_one_line_not_a_graph_that_does_not_load(
+    isaac: tuple, tmp_path: Path
+) -> None:
+    """ORT writes per-channel DequantizeLinear nodes an opset-11 graph (Isaac Lab's export) cannot hold, a
+    model that then fails to load: refused before anything is written, naming the fix."""
+    from quarl_edge.exporters.base import ExportConfig
+
+    _, onnx_path, io, bundle = isaac
+    with pytest.raises(InputError, match="opset 13") as ei:
+        export_bundle(load_policy(onnx_path, io=io),
+                      BundleRequest(out=tmp_path / "b", targets=("onnx-int8",), calibration=bundle / "trace.npz",
+                                    config=ExportConfig(per_channel=True)))  # fmt: skip
+    assert "--per-tensor" in str(ei.value) and "\n" not in str(ei.value)
+    assert not (tmp_path / "b").exists()

@@ -13,7 +13,7 @@ from report_json import model_json, report_json
 from scipy import stats as sps
 
 from quarl_edge.bench.report import parse_report
-from quarl_edge.bench.run import _agreement
+from quarl_edge.bench.run import action_agreement as _agreement
 from quarl_edge.gate import GateConfig, evaluate
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.stats import Drift, drift_scale, mean_ci95, paired_drift, t975

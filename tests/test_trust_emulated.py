@@ -15,7 +15,7 @@ from conftest import assert_one_error, emu_scp, emu_ssh, keygen, qe
 from test_trust_signing import _fingerprint, _flip, _sha
 
 from quarl_edge.devices.profiles import load_profile
-from quarl_edge.runtimes.signing import sign_bundle
+from quarl_edge.runtimes.signer import sign_bundle
 
 
 @pytest.fixture
