@@ -13,6 +13,7 @@ from quarl_edge.cli._options import (
     EnvOpt,
     HostOpt,
     IdentityOpt,
+    IoOpt,
     JsonOpt,
     NoRayOpt,
     PolicyOpt,
@@ -58,6 +59,7 @@ def tune(
     env: EnvOpt = None,
     algo: AlgoOpt = None,
     vecnormalize: VecNormOpt = None,
+    io: IoOpt = None,
     workers: WorkersOpt = None,
     no_ray: NoRayOpt = False,
     address: AddressOpt = None,
@@ -73,7 +75,7 @@ def tune(
         "budget_min": budget_min, "episodes": episodes, "workers": workers}.items() if v is not None}  # fmt: skip
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, max_action_error=max_action_error, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
-                     vecnormalize=vecnormalize, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
+                     vecnormalize=vecnormalize, io=io, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
     if sign is not None:  # a bad key is refused before the search, not after it
         from quarl_edge.runtimes.signing import load_private_key
 

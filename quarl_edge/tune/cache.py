@@ -1,12 +1,13 @@
 """tune's cache (``DIR/.cache/state.json``): every measurement, keyed by what it depends on, by content.
 
-The key covers the policy (the files it was read from and its weights and spec as loaded), the calibration
-file, the device's identity (profile, host, port, user and its facts: CPU, cores, runtimes, ...), the
-versions of the tools that export and measure, and the search's settings. Each measurement also names the
-sha256 of the model file it was made on (and of the reference, for a closed loop), so a number is reused
-only for the very bytes it describes. What is read back is checked like any input: an entry of the wrong
-type, an impossible number or another model's sha256 is measured again, never reused and never fatal;
-one log line says so. The export settings of each candidate key the candidates bundle (search.py).
+The key covers the policy (the files it was read from, an io.yaml among them, and its weights and spec as
+loaded), the calibration file, the device's identity (profile, host, port, user and its facts: CPU,
+cores, runtimes, ...), the versions of the tools that export and measure, and the search's settings. Each
+measurement also names the sha256 of the model file it was made on (and of the reference, for a closed
+loop), so a number is reused only for the very bytes it describes. What is read back is checked like any
+input: an entry of the wrong type, an impossible number or another model's sha256 is measured again,
+never reused and never fatal; one log line says so. The export settings of each candidate key the
+candidates bundle (search.py).
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _policy_files(path: Path, vecnormalize: Path | None) -> list[Path]:
+def _policy_files(path: Path, vecnormalize: Path | None, io: Path | None = None) -> list[Path]:
     """The files a policy is read from: a checkpoint's policy.json and weights, an SB3 zip, an RL Zoo
-    folder's zips and VecNormalize statistics, a --vecnormalize file."""
+    folder's zips and VecNormalize statistics, an ONNX graph or rsl_rl checkpoint, a --vecnormalize
+    file, an --io io.yaml."""
     from quarl_edge.policy import format as checkpoint
 
     if path.is_dir():
@@ -54,18 +56,23 @@ def _policy_files(path: Path, vecnormalize: Path | None) -> list[Path]:
         files = sorted(p for p in path.iterdir() if p.is_file() and (p.name in names or p.suffix == ".zip"))
     else:
         files = [path]
-    return files + ([vecnormalize] if vecnormalize is not None else [])
+    return files + [f for f in (vecnormalize, io) if f is not None]
 
 
-def policy_sha256(path: Path, vecnormalize: Path | None, policy: Any) -> str:
-    """The policy by content: its files' bytes, and what was loaded from them (spec, architecture and
-    every weight and buffer, VecNormalize statistics included), so neither a file swapped under the same
-    name nor a loader change reuses another policy's measurements."""
+def policy_sha256(path: Path, vecnormalize: Path | None, policy: Any, io: Path | None = None) -> str:
+    """The policy by content: its files' bytes (the io.yaml's too), and what was loaded from them (spec,
+    architecture and every weight and buffer, VecNormalize statistics included; for an imported ONNX
+    graph, which is no torch module with weights, the graph as the importer normalized it), so neither
+    a file swapped under the same name nor a loader change reuses another policy's measurements."""
     h = hashlib.sha256()
-    for f in _policy_files(path, vecnormalize):
+    for f in _policy_files(path, vecnormalize, io):
         h.update(f"{f.name}\0{sha256_file(f)}\0".encode())
     h.update(digest(policy.spec.to_dict(), asdict(policy.arch)).encode())
-    for name, t in sorted(policy.net.state_dict().items()):
+    source = getattr(policy, "source_model", None)
+    if source is not None:
+        h.update(b"source_model\0" + hashlib.sha256(source).hexdigest().encode())
+    state_dict = getattr(policy.net, "state_dict", None)
+    for name, t in sorted(state_dict().items() if callable(state_dict) else ()):
         a = t.detach().cpu().contiguous().numpy()
         h.update(f"{name}\0{a.dtype}\0{a.shape}\0".encode())
         h.update(a.tobytes())

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 FORMATS = ("onnx", "tflite", "c")
 PRECISIONS = ("fp32", "fp16", "int8")
 ACTIVATIONS = ("S8S8", "U8S8")
+IMPORTED_FORMATS = ("onnx",)
+IMPORTED = (
+    "an imported ONNX graph (--io): ONNX candidates only (TFLite converts a torch module, and the C "
+    "generator is held to the graphs quarl-edge's torch export writes, docs/c.md); no per-layer splits "
+    "(ONNX Runtime quantizes every op of a foreign graph it can: there are no layers to keep float); no "
+    "per-channel int8 (a DequantizeLinear axis needs opset 13, and Isaac Lab exports opset 11)"
+)
+"""what tune leaves out for a policy imported as an ONNX graph (policy/onnx_source.py), and why: the
+exporters refuse it, would make the default model under another name, or (per-channel weights on an
+opset-11 graph) write a graph ONNX Runtime cannot load"""
 __all__ = ["KINDS", "Candidate", "grid"]
 
 
@@ -105,12 +115,12 @@ class Candidate:
         return c
 
 
-def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
+def grid(formats: tuple[str, ...], cnn: bool, imported: bool = False) -> list[Candidate]:
     """fp32 and fp16 of each format, int8 of each with every calibration method (default float layers),
     and the runtime options that change an int8 model's kernels: ONNX uint8 activations (U8S8, what ORT
     prefers on x86 without VNNI) and the other weight granularity (per-channel for an MLP, per-tensor for
-    a CNN; TFLite per-tensor); C (exporters/c.py) fp32 and int8 for an MLP. The first is the reference
-    every other is compared with."""
+    a CNN; TFLite per-tensor; not for an ``imported`` ONNX graph: IMPORTED says why); C (exporters/c.py)
+    fp32 and int8 for an MLP. The first is the reference every other is compared with."""
     from quarl_edge.exporters.base import CALIBRATION_METHODS  # torch: see Candidate.variant
 
     out = []
@@ -121,7 +131,8 @@ def grid(formats: tuple[str, ...], cnn: bool) -> list[Candidate]:
         out += [Candidate(fmt, "fp32"), Candidate(fmt, "fp16")]
         out += [Candidate(fmt, "int8", m) for m in CALIBRATION_METHODS]
         if fmt == "onnx":
-            out += [Candidate(fmt, "int8", activation="U8S8"), Candidate(fmt, "int8", per_channel=not cnn)]
+            out.append(Candidate(fmt, "int8", activation="U8S8"))
+            out += [] if imported else [Candidate(fmt, "int8", per_channel=not cnn)]
         else:
             out.append(Candidate(fmt, "int8", per_channel=False))
     return out

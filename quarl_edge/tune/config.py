@@ -49,6 +49,9 @@ class TuneConfig:
     env: str | None = None
     algo: str | None = None
     vecnormalize: Path | None = None
+    io: Path | None = None
+    """the I/O description (io.yaml) of a policy from another framework (an ONNX graph, an rsl_rl
+    checkpoint: policy/iodesc.py); part of the policy's content key"""
     kinds: tuple[str, ...] | None = None
     """candidate families to search (KINDS); None: all. The fp32 reference is always measured"""
     workers: int = 1

@@ -40,7 +40,7 @@ from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.trace import load_trace, save_trace
 from quarl_edge.tune.cache import STATE_VERSION, State, device_sha256, digest, policy_sha256, tool_versions
-from quarl_edge.tune.candidates import Candidate, grid
+from quarl_edge.tune.candidates import IMPORTED, IMPORTED_FORMATS, Candidate, grid
 from quarl_edge.tune.config import KINDS, TuneConfig
 from quarl_edge.tune.context import Search
 from quarl_edge.tune.judge import by_action_error, closed_loop, latency
@@ -70,6 +70,14 @@ def device_formats(facts: dict[str, Any], device: str) -> tuple[str, ...]:
     return formats
 
 
+def _imported_formats(formats: tuple[str, ...], device: str) -> tuple[str, ...]:
+    kept = tuple(f for f in formats if f in IMPORTED_FORMATS)
+    if not kept:
+        raise InputError(f"device {device!r} has no onnxruntime, and an imported ONNX graph is exported to ONNX "
+                         "only", f"install it there with `quarl-edge devices setup {device}`")  # fmt: skip
+    return kept
+
+
 def _host_can_export_tflite() -> bool:
     import importlib.util
 
@@ -80,10 +88,13 @@ def _candidates(s: Search, formats: tuple[str, ...]) -> tuple[list[Candidate], l
     """The grid plus each format's per-layer search; a search split equal to the default split is the
     default candidate already."""
     kinds = s.cfg.kinds or KINDS
-    everything = grid(formats, s.policy.arch.model == "nature_cnn")
+    everything = grid(formats, s.policy.arch.model == "nature_cnn", s.policy.source_model is not None)
     cands = [everything[0]] + [c for c in everything[1:] if c.kind in kinds]  # the reference stays
+    evidence: list[LayerEvidence] = []
+    if s.policy.source_model is not None:  # its formats are IMPORTED_FORMATS already (run_tune)
+        s.notes.append(IMPORTED)
+        return cands, evidence
     default = default_float_layers(s.policy)
-    evidence = []
     for fmt in [f for f in formats if f != "c"] if "int8-layers" in kinds else ():
         found, ev = layer_search(s.policy, fmt, s.proxy(), s.probe, s.over_budget, s.log)
         evidence.append(ev)
@@ -103,10 +114,12 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     t0 = time.monotonic()
     check_out(cfg)  # before anything is written
     profile = load_profile(cfg.device, cfg.overrides)
-    policy = load_policy(cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, calibration=cfg.calibration)
+    policy = load_policy(
+        cfg.policy, cfg.env, cfg.algo, cfg.vecnormalize, io=cfg.io, calibration=cfg.calibration
+    )
     offline = not_measured(policy)
     check_verdict(cfg, offline)  # before anything is written
-    policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy)
+    policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy, cfg.io)
     with locked(cfg.out) as work:
         stage("check the device")
         facts = check_device(profile).facts
@@ -117,6 +130,8 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
             formats = tuple(f for f in formats if f != "tflite")
         if policy.spec.state:  # the C export covers stateless MLPs (exporters/c_onnx.py), no recurrent cell
             formats = tuple(f for f in formats if f != "c")
+        if policy.source_model is not None:  # an imported ONNX graph: candidates.IMPORTED says why
+            formats = _imported_formats(formats, profile.name)
         cores = int(facts.get("cores") or 1)
         threads = list(range(1, min(cores, cfg.max_threads or cores) + 1))
         trace_path = _calibration(cfg, policy, policy_sha, work, log)
