@@ -87,7 +87,12 @@ def source_parity(policy: Policy, bundle: Path, manifest: Manifest, trace: Trace
                   models: Iterable[str]) -> SourceParity:  # fmt: skip
     """Each of ``models`` (fp32, in ``bundle``) against ``policy.reference`` (else its torch module) on the
     trace's observations. A reference that cannot run here is reported, not raised: the export stands."""
-    name = policy.reference_name if policy.reference is not None else "the checkpoint's torch module"
+    if policy.reference is not None:
+        name = policy.reference_name
+    elif policy.spec.source.startswith("onnx:"):  # an imported graph: the source itself, run by onnxruntime
+        name = f"the source graph {policy.spec.source[5:]} (onnxruntime)"
+    else:
+        name = "the checkpoint's torch module"
     obs = trace.obs
     rows = (
         np.all(np.isfinite(obs.reshape(len(obs), -1)), axis=1)
