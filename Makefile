@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRAS_TEST := dev,atari,box2d,mujoco,dmc,actorq,device,tflite,c,contrib,robotics
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
+# setuptools (fetched by pip's build isolation) reports every editable install as an "InformationOnly"
+# warning the user can do nothing about; matched by its message (its category cannot be named at pip's
+# start-up, where setuptools is not importable).
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation,$(PYTHONWARNINGS)' $(BIN)/pip install --quiet
 
 .PHONY: demo test test-fast system-deps lint typecheck pytest bench clean
 
@@ -13,14 +17,14 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(PIP_INSTALL) -e .
 	touch $@
 
 # mujoco 4 moved its files into mujoco-core; a venv made before the dmc extra capped mujoco below 4 would
 # keep mujoco-core 4 owning the same mujoco/ folder as 3.17 (removing it later deletes 3.17's files).
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	if $(BIN)/pip show --quiet mujoco-core 2>/dev/null; then $(BIN)/pip uninstall --quiet -y mujoco-core mujoco-studio mujoco; fi
-	$(BIN)/pip install --quiet -e '.[$(EXTRAS_TEST)]'
+	$(PIP_INSTALL) -e '.[$(EXTRAS_TEST)]'
 	touch $@ $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
