@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from .bundlepath import entries, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError, QuarlError
-from .fsutil import STALE_AFTER_S, temp_prefix
+from .fsutil import STALE_AFTER_S, pid_running, temp_prefix
 from .manifest import (
     bundle_files,
     check_plain,
@@ -202,21 +202,6 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
-def _pid_gone(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):
-        return False  # another user's process, or not a PID: not ours to judge
-    try:  # a killed receiver whose parent died with the session waits as a zombie until init reaps it
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def clean_folder(folder: Path, started: float) -> list[str]:
     """Remove this user's temporary entries in ``folder`` left by a session that is over: a PID-named
     one whose process is gone and that is older than ``started`` (this run's start), or one of an
@@ -237,7 +222,7 @@ def clean_folder(folder: Path, started: float) -> list[str]:
         if st.st_uid != os.getuid():
             continue
         if m is not None:  # its writer's PID decides: gone, and the entry older than this run
-            over = st.st_mtime < started and _pid_gone(int(m.group("pid")))
+            over = st.st_mtime < started and not pid_running(int(m.group("pid")))
         else:  # an earlier version's name, without a PID: only hours of age tell
             over = now - st.st_mtime > STALE_AFTER_S
         if over:

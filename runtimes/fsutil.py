@@ -108,7 +108,10 @@ def atomic_directory(final: str | os.PathLike[str], *, overwrite: bool = True) -
 _RANDOM = "[a-z0-9_]{8}"  # what tempfile adds to a prefix
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` may still be at work: True for our own, another user's or a non-PID (not
+    ours to judge); False when it is gone or a zombie (a killed process whose parent died with the session
+    waits as a zombie until init reaps it)."""
     if pid == os.getpid():
         return True
     try:
@@ -116,8 +119,11 @@ def _pid_running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError):
-        return True  # another user's process (or not a pid at all): not ours to judge
-    return True
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _stale(path: Path, pid: str | None, now: float) -> bool:
@@ -131,7 +137,7 @@ def _stale(path: Path, pid: str | None, now: float) -> bool:
     age = now - st.st_mtime
     if age > STALE_AFTER_S:
         return True
-    return pid is not None and age > _DEAD_GRACE_S and not _pid_running(int(pid))
+    return pid is not None and age > _DEAD_GRACE_S and not pid_running(int(pid))
 
 
 def _remove(path: Path) -> None:
