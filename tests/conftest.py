@@ -35,6 +35,27 @@ POLICIES = ROOT / "quarl_edge" / "assets" / "policies"
 CALIB = ROOT / "calibration_data"
 
 
+@contextlib.contextmanager
+def tests_on_pythonpath(single_torch_thread: bool = False) -> Iterator[None]:
+    """tests/ on PYTHONPATH for the subprocesses a test starts (the bench runner imports a test env module by
+    its env id's module part), and torch on one thread, for the duration; both restored after."""
+    import torch
+
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), old) if p)
+    n = torch.get_num_threads()
+    if single_torch_thread:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 @pytest.fixture(scope="session")
 def cartpole_policy() -> Path:
     return POLICIES / "cartpole-ppo"

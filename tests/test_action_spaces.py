@@ -6,14 +6,13 @@ component."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from conftest import tests_on_pythonpath
 
 pytest.importorskip("sb3_contrib")
 import quarl_test_envs  # noqa: E402, F401  (registers the envs)
@@ -33,8 +32,6 @@ from quarl_edge.runtimes.errors import InputError  # noqa: E402
 from quarl_edge.runtimes.manifest import load_manifest  # noqa: E402
 from quarl_edge.runtimes.runner import PolicyRunner  # noqa: E402
 from quarl_edge.runtimes.trace import Trace, save_trace  # noqa: E402
-
-TESTS = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -65,16 +62,8 @@ class Trained:
 @pytest.fixture(scope="module", autouse=True)
 def _env_module_on_path() -> Iterator[None]:
     # the bench runner is a subprocess: it imports quarl_test_envs by the env id's module part
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), old) if p)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
+    with tests_on_pythonpath(single_torch_thread=True):
+        yield
 
 
 def _predict(t: Trained, obs: np.ndarray, masks: np.ndarray | None) -> np.ndarray:

@@ -6,7 +6,6 @@ InputError naming its key, and a graph slicing the keys in another order or with
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import quarl_dict_envs  # noqa: F401  (registers the envs)
 import torch
+from conftest import tests_on_pythonpath
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 
@@ -29,7 +29,6 @@ from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.trace import save_trace
 
-TESTS = Path(__file__).resolve().parent
 KEYS = ("agent", "camera", "velocity")
 
 
@@ -60,16 +59,8 @@ class Trained:
 @pytest.fixture(scope="module", autouse=True)
 def _env_module_on_path() -> Iterator[None]:
     # the bench runner is a subprocess: it imports quarl_dict_envs by the env id's module part
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), old) if p)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
+    with tests_on_pythonpath(single_torch_thread=True):
+        yield
 
 
 def _train(case: Case) -> BaseAlgorithm:
