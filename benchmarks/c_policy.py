@@ -28,11 +28,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _timing import per_call_us  # benchmarks/ (this script's folder) is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("c-int8", "c-fp32", "tflite-int8", "tflite-fp32", "onnx-int8", "onnx-fp32")
@@ -87,16 +87,6 @@ def export(work: Path, name: str) -> Path:
         policy, BundleRequest(out=out, targets=MODELS, calibration=ROOT / "calibration_data" / f"{name}.npz")
     )
     return out
-
-
-def per_call_us(fn: Any, inputs: list[Any], samples: int) -> float:
-    clock, out = time.perf_counter_ns, np.empty(samples, np.int64)
-    for i in range(samples):
-        x = inputs[i % len(inputs)]
-        t0 = clock()
-        fn(x)
-        out[i] = clock() - t0
-    return float(np.median(out)) / 1e3
 
 
 # ---- the torch-free worker ---------------------------------------------------------------------------

@@ -22,12 +22,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _timing import per_call_us  # benchmarks/ (this script's folder) is on sys.path
 
 from quarl_edge.bundle import BundleRequest, export_bundle
 from quarl_edge.cli._output import table
@@ -66,17 +66,6 @@ def baseline_load_policy(rev: str, work: Path) -> Callable[..., Any]:
     # load_policy lives in runtimes/load.py since the logging policy; in runtimes/policy.py before
     home = "load" if (pkg / "baseline_runtimes" / "load.py").is_file() else "policy"
     return importlib.import_module(f"baseline_runtimes.{home}").load_policy  # type: ignore[no-any-return]
-
-
-def per_call_us(fn: Callable[[Any], Any], inputs: list[Any], samples: int) -> float:
-    """Median time of one ``fn(x)``, cycling through ``inputs``."""
-    clock, out = time.perf_counter_ns, np.empty(samples, np.int64)
-    for i in range(samples):
-        x = inputs[i % len(inputs)]
-        t0 = clock()
-        fn(x)
-        out[i] = clock() - t0
-    return float(np.median(out)) / 1e3
 
 
 def measure(
