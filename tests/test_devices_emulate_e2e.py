@@ -5,7 +5,7 @@ cached start seconds).
 Plain OpenSSH into the arm64 board, the device runner and an onnx-int8 CartPole closed loop on aarch64
 onnxruntime, `quarl-edge bench --device rpi4-emu` of a CartPole bundle with ONNX and TFLite fp32/int8
 (episodes on the board, aarch64 onnxruntime and LiteRT), pre-flight refusals, Atari and MuJoCo bundles
-benched there, deploy and a torch-free script, `devices setup` over SSH, then `quarl-edge devices emulate
+benched there after `devices setup` over SSH, deploy and a torch-free script, then `quarl-edge devices emulate
 rpi4 down` leaves no process, mount or namespace (and the next `up` reuses the cached build). The unit
 tests of the same modules are in tests/test_devices_emulate.py.
 """
@@ -228,10 +228,11 @@ def test_a_bench_the_board_cannot_run_stops_before_measuring(board: emulate.Stat
 def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
     board: emulate.Status, tmp_path: Path
 ) -> None:
-    """Any env on the board: a venv with the bundles' env packages (aarch64 wheels from the host's wheel
-    cache, pip offline on the board), then a Pong (Atari, frame preprocessing on the board) and a
-    HalfCheetah (MuJoCo) bundle bench with closed-loop episodes there, paired against fp32. The venv is
-    a second one in the login directory, removed afterwards: the cached rootfs stays as built."""
+    """`devices setup`'s path and any env on the board: the aarch64 wheelhouse with the bundles' env
+    packages uploaded over SSH and a venv built in the login directory (pip offline under qemu; a second
+    venv, as on a real board, removed afterwards: the cached rootfs stays as built), then a Pong (Atari,
+    frame preprocessing on the board), a HalfCheetah (MuJoCo) and a DM Control bundle bench with
+    closed-loop episodes there, paired against fp32."""
     from quarl_edge.bench.fleet import bench_on_device
     from quarl_edge.bench.run import BenchConfig
     from quarl_edge.devices import setup
@@ -247,14 +248,19 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
     spec, pins = wheelhouse.platform_pinned(
         wheelhouse.WheelhouseSpec(packages=wheelhouse.RUNTIME_PACKAGES + extra)
     )
-    venv = ".local/share/quarl-edge/venv-envs"
+    venv = wheelhouse.DEVICE_VENV
     t0 = time.monotonic()
     try:
-        with setup.open_device("rpi4-emu") as (shell, _):
+        with setup.open_device("rpi4-emu") as (shell, profile_venv):
+            assert profile_venv == "/opt/quarl-edge/venv"  # the profile's python: the rootfs venv
             python = setup.setup(
                 shell, wheelhouse.download(spec, pins=pins), venv=venv, packages=spec.packages
             )
-        print(f"\n[emulated rpi4] venv with {', '.join(extra)}: {_since(t0):.1f} s")
+        print(f"\n[emulated rpi4] setup over SSH with {', '.join(extra)} "
+              f"(upload + offline pip install under qemu): {_since(t0):.1f} s")  # fmt: skip
+        r = emu_ssh(board, f"{python} -c 'import onnxruntime, platform; print(platform.machine())'")
+        assert r.returncode == 0 and r.stdout.split() == ["aarch64"], r.stderr
+        assert emu_ssh(board, f"test ! -e {wheelhouse.DEVICE_WHEELS}").returncode == 0  # the upload is gone
         for name, bundle in bundles.items():
             t0 = time.monotonic()
             cfg = BenchConfig(episodes=2, max_steps=80, latency_samples=20, warmup=5)
@@ -268,7 +274,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
             shown = {m["name"]: m["reward"]["per_episode"] for m in report["models"]}
             print(f"[emulated rpi4] {name}: returns {shown} in {_since(t0):.1f} s (80-step episodes)")
     finally:
-        assert emu_ssh(board, f"rm -rf {venv} .cache/quarl-edge/wheels").returncode == 0
+        assert emu_ssh(board, f"rm -rf .local/share/quarl-edge {wheelhouse.DEVICE_WHEELS}").returncode == 0
         _forget(board, list(bundles.values()))
 
 
@@ -325,32 +331,6 @@ def test_deploy_then_a_torch_free_script_on_the_board_plays_the_bench_episodes(
             board, f"rm -rf {shlex.quote(path)} && {py} -m pip uninstall -y -q quarl-edge-runtime"
         ).returncode
         == 0
-    )
-
-
-@pytest.mark.emulated
-@pytest.mark.timeout(1800)
-def test_emulated_board_setup_over_ssh(board: emulate.Status) -> None:
-    """`devices setup`'s path: upload the aarch64 wheelhouse, build a venv in the login directory, import."""
-    from quarl_edge.devices import setup
-
-    spec, pins = wheelhouse.platform_pinned(wheelhouse.WheelhouseSpec())
-    t0 = time.monotonic()
-    with setup.open_device("rpi4-emu") as (shell, venv):
-        assert venv == "/opt/quarl-edge/venv"  # the profile's python: the rootfs venv
-        # a second venv in the login directory, as on a real board
-        python = setup.setup(
-            shell, wheelhouse.download(spec, pins=pins), venv=wheelhouse.DEVICE_VENV, packages=spec.packages
-        )
-    print(f"\n[emulated rpi4] setup over SSH (upload + offline pip install under qemu): {_since(t0):.1f} s")
-    r = emu_ssh(
-        board,
-        f"{python} -c 'import onnxruntime, platform; print(platform.machine(), onnxruntime.__version__)'",
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[0] == "aarch64"
-    assert (
-        emu_ssh(board, "test ! -e .cache/quarl-edge/wheels && rm -rf .local/share/quarl-edge").returncode == 0
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,18 +91,37 @@ def test_installed_commands_run_outside_the_checkout(
 
 
 @pytest.mark.slow
-def test_installed_demo_exports_benches_and_gates_outside_the_checkout(
+def test_installed_demo_exports_benches_gates_and_tunes_outside_the_checkout(
     installed_wheel: InstalledWheel, tmp_path: Path
 ) -> None:
+    """`quarl-edge demo` from the installed wheel (the one demo run of the suite): export, bench, gate and
+    tune on the embedded CartPole policy, every artifact written, nothing read from the checkout."""
+    from test_bench_gate import _no_nan, check_report
+
+    out = tmp_path / "demo"
     proc = _run(
-        installed_wheel, tmp_path, str(installed_wheel.exe), "demo", "--out", "demo", "--episodes", "3"
+        installed_wheel, tmp_path, str(installed_wheel.exe), "demo", "--out", "demo", "--episodes", "5"
     )
     assert proc.returncode == 0, proc.stderr
-    manifest = json.loads((tmp_path / "demo" / "bundle" / "manifest.json").read_text())
-    assert manifest["calibration"]["recorded_on_the_fly"] is False  # the shipped calibration data was found
-    report = json.loads((tmp_path / "demo" / "report.json").read_text())
-    assert [m["name"] for m in report["models"]] == ["onnx-fp32", "onnx-fp16", "onnx-int8"]
     assert ROOT.as_posix() not in proc.stderr  # nothing ran from the checkout
+    assert "onnx-int8" in proc.stdout and "onnx-fp32" in proc.stdout and "reward" in proc.stdout
+    assert "3/4 gate" in proc.stderr and "4/4 tune" in proc.stderr and "FAIL" not in proc.stderr
+    for f in ("report.json", "report.md", "junit.xml", "gate.md", "bundle/manifest.json"):
+        assert (out / f).is_file(), f
+    manifest = json.loads((out / "bundle" / "manifest.json").read_text())
+    assert manifest["calibration"]["recorded_on_the_fly"] is False  # the shipped calibration data was found
+    report = _no_nan((out / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["onnx-fp32", "onnx-fp16", "onnx-int8"]
+    check_report(report, episodes=5, latency_samples=1000)
+    root = ET.parse(out / "junit.xml").getroot()
+    assert root.get("failures") == "0" and len(list(root.iter("testcase"))) == 2
+    # the demo ends with tune's choice: the fastest that keeps reward, never slower than fp32 measured
+    tuned = json.loads((out / "tune" / "tune.json").read_text())["tune"]
+    fp32 = min(r["p50_us"] for r in tuned["candidates"] if r["precision"] == "fp32" and r.get("p50_us"))
+    # the demo's tune has a short budget: on a loaded machine it may stop before judging every faster
+    # candidate, and then says so (a note) and keeps the best judged so far
+    out_of_time = any("budget reached" in n for n in tuned["notes"])
+    assert (tuned["choice"]["p50_us"] <= fp32 or out_of_time) and "chosen:" in proc.stderr
 
 
 @pytest.mark.slow
