@@ -263,6 +263,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"emulated tests must live in a file named test_*emulat*.py (one board per host): {misplaced[0]}"
         )
+    _only_for(config, items)
     if not hasattr(config, "workerinput"):
         return
     sizes: dict[str, int] = {}
@@ -270,6 +271,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         sizes[_group(item.nodeid)] = sizes.get(_group(item.nodeid), 0) + 1
     first = {g: i for i, g in enumerate(sorted(sizes, key=lambda g: (g != "emulated", -sizes[g])))}
     items.sort(key=lambda item: first[_group(item.nodeid)])
+
+
+def _only_for(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`@pytest.mark.only_for("a", "b")` on a test of a parametrized (module) fixture: the test exists for
+    those parameter ids only (deselected for the others, never collected as skips)."""
+    keep, drop = [], []
+    for item in items:
+        mark, spec = item.get_closest_marker("only_for"), getattr(item, "callspec", None)
+        (drop if mark and spec is not None and spec.id not in mark.args else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_addoption(parser: Any) -> None:

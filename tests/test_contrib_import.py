@@ -129,12 +129,11 @@ def test_fp32_onnx_acts_like_contrib_predict(trained: Trained, tmp_path: Path) -
     assert m["max_abs_diff"] is None or m["max_abs_diff"] <= 1e-5
 
 
+@pytest.mark.only_for("qrdqn", "crossq")
 def test_a_wrong_layer_fold_is_caught(trained: Trained) -> None:
     """The parity above can fail: QR-DQN's quantile mean and CrossQ's BatchRenorm, left unfolded, act
     differently (here: the torch module with the fold undone, against contrib's predict)."""
     t = trained
-    if t.case.algo not in ("crossq", "qrdqn"):
-        pytest.skip("nothing folded")
     expected, _ = t.model.predict(t.trace.obs, deterministic=True)
     broken = load_policy(t.zip_path)
     with torch.no_grad():
@@ -152,9 +151,8 @@ def test_a_wrong_layer_fold_is_caught(trained: Trained) -> None:
         assert float(np.mean(got == expected)) < 0.999
 
 
+@pytest.mark.only_for("tqc")  # one zip is enough
 def test_a_custom_policy_class_is_named(trained: Trained, tmp_path: Path) -> None:
-    if trained.case.id != "tqc":
-        pytest.skip("one zip is enough")
     for key, value, named in (
         ("policy_class", {"__module__": "my_lab.policies", "__init__": "<function LabPolicy.__init__ at 0x1>"}, "LabPolicy"),
         ("policy_kwargs", {"features_extractor_class": "<class 'my_lab.nets.LabExtractor'>"}, "LabExtractor"),
@@ -175,10 +173,9 @@ def test_a_custom_policy_class_is_named(trained: Trained, tmp_path: Path) -> Non
         assert "\n" not in str(ei.value)
 
 
+@pytest.mark.only_for("trpo")
 def test_rl_zoo_log_folder_finds_env_and_stats_in_args_yml(trained: Trained, tmp_path: Path) -> None:
     """RL Zoo's training log layout: Env.zip + best_model.zip + Env/args.yml (an OrderedDict dump)."""
-    if trained.case.id != "trpo":
-        pytest.skip("one zip is enough")
     folder = tmp_path / "logs" / "trpo" / "CartPole-v1_1"
     (folder / "CartPole-v1").mkdir(parents=True)
     shutil.copyfile(trained.zip_path, folder / "CartPole-v1.zip")
