@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge.devices.preflight import check_ready
-from quarl_edge.devices.profiles import load_profile
+from quarl_edge.devices.profiles import ProfileOverrides, load_profile
 from quarl_edge.devices.runtime_wheel import build_runtime_wheel
 from quarl_edge.devices.ssh import sh
 from quarl_edge.runtimes.bundlepath import safe_name
@@ -74,7 +74,7 @@ class Deployed:
                 "docs: docs/runtime.md (load_policy, reset, act, info; examples/control_loop.py)"]  # fmt: skip
 
 
-def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[str, Any] | None = None,
+def deploy(bundle: Path, device: str, model: str | None = None, overrides: ProfileOverrides | None = None,
            log: Any = lambda _m: None, name: str | None = None) -> Deployed:  # fmt: skip
     from quarl_edge.devices.remote import SSHTransport
 
