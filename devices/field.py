@@ -21,9 +21,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from quarl_edge.devices.profiles import HOME_COMMAND, DeviceProfile, load_profile, parse_home, remote_path
+from quarl_edge.devices.profiles import (
+    HOME_COMMAND,
+    DeviceProfile,
+    ProfileOverrides,
+    load_profile,
+    parse_home,
+    remote_path,
+)
 from quarl_edge.devices.ssh import SSHConnection, sh
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.fieldlog import CHUNK_RE, HEADER_NAME, FieldLog, load_field_log, read_header
@@ -155,7 +161,7 @@ def _claim_out(out: Path) -> None:
                              "pass a folder of pulled field logs, or a new one")  # fmt: skip
 
 
-def pull(device: str, out: Path, remote: str = FIELD_ROOT, overrides: dict[str, Any] | None = None,
+def pull(device: str, out: Path, remote: str = FIELD_ROOT, overrides: ProfileOverrides | None = None,
          log: Callable[[str], None] = lambda _m: None) -> PullResult:  # fmt: skip
     """Fetch every field log under ``remote`` on ``device`` into ``out/NAME`` (resumable; hashes checked)."""
     profile = load_profile(device, overrides)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from importlib.resources import files
 from pathlib import Path
@@ -43,7 +44,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_TYPE_CHECKS: dict[str, Any] = {
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "str": lambda v: isinstance(v, str) and len(v) <= 4096,
     "int": _is_int,
     "float": lambda v: (_is_int(v) or isinstance(v, float)) and v == v and abs(v) != float("inf"),
@@ -149,6 +150,32 @@ class DeviceProfile:
 
 
 FIELDS = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "source", "flags"))
+
+
+@dataclass(frozen=True)
+class ProfileOverrides:
+    """Profile fields given on the command line (``--host/--user/--port/--identity``), or by a caller
+    that knows better than the profile (the emulator's ``python``); None: not given, the profile's stands."""
+
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    identity: str | None = None
+    python: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # the range of a port is the profile's to check, with the device named
+            value = getattr(self, f.name)
+            if not _TYPE_CHECKS[str(f.type)](value):
+                word = _TYPE_WORDS[str(f.type)]
+                raise InputError(f"device override {f.name} = {str(value)[:40]!r} is not {word}",
+                                 f"give {f.name} as {word} (or None: the profile's)")  # fmt: skip
+
+    def given(self) -> dict[str, str | int]:
+        """The fields that were given, in the order flags are shown."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
 _INT = ("cores", "default_threads", "port", "keepalive_count_max")
 _FLOAT = ("connect_timeout", "command_timeout", "keepalive_interval")
 _BOOL = ("emulated",)
@@ -240,27 +267,34 @@ def _resolve(name: str, layers: dict[str, list[tuple[Path, dict[str, Any]]]], se
     return merged
 
 
-def load_profile(name: str, overrides: dict[str, Any] | None = None) -> DeviceProfile:
-    """The profile ``name`` with user files and ``overrides`` (flags; None values are ignored) applied."""
+def load_profile(name: str, overrides: ProfileOverrides | None = None) -> DeviceProfile:
+    """The profile ``name`` with user files and ``overrides`` (flags; fields left None are ignored) applied."""
     data = _resolve(name, _raw_profiles(), ())
     try:
         profile = DeviceProfile(name=name, **data)
     except TypeError as e:  # a wrong type in a TOML file, e.g. port = "22"
         raise InputError(f"device {name!r}: malformed profile ({e})", "fix the TOML file") from None
-    return with_overrides(profile, overrides or {})
+    return with_overrides(profile, overrides or ProfileOverrides())
 
 
-def with_overrides(profile: DeviceProfile, overrides: dict[str, Any]) -> DeviceProfile:
-    given = {k: v for k, v in overrides.items() if v is not None}
+def with_overrides(profile: DeviceProfile, overrides: ProfileOverrides) -> DeviceProfile:
+    o = overrides
+    if o.identity is not None:
+        o = replace(o, identity=str(Path(o.identity).expanduser()))
+    given = o.given()
     if not given:
         return profile
-    unknown = [k for k in given if k not in FIELDS]
-    if unknown:
-        raise InputError(f"unknown device field {unknown[0]!r}", f"known fields: {', '.join(FIELDS)}")
-    if "identity" in given:
-        given["identity"] = str(Path(str(given["identity"])).expanduser())
     flags = (*profile.flags, *((k, str(v)) for k, v in given.items()))
-    return replace(profile, **given, flags=flags, source=(*profile.source, "command-line flags"))
+    return replace(
+        profile,
+        host=profile.host if o.host is None else o.host,
+        user=profile.user if o.user is None else o.user,
+        port=profile.port if o.port is None else o.port,
+        identity=profile.identity if o.identity is None else o.identity,
+        python=profile.python if o.python is None else o.python,
+        flags=flags,
+        source=(*profile.source, "command-line flags"),
+    )
 
 
 def local_path(path: str | None) -> Path | None:
@@ -309,7 +343,9 @@ def _toml_value(v: Any) -> str:
     raise InputError(f"cannot write {type(v).__name__} into a device profile", "use str, int, float or bool")
 
 
-def write_device_entry(name: str, entry: dict[str, Any], *, comment: str = "") -> Path:
+def write_device_entry(
+    name: str, entry: dict[str, str | int | float | bool | None], *, comment: str = ""
+) -> Path:
     """Write (atomically) ``$XDG_CONFIG_HOME/quarl-edge/devices.d/<name>.toml`` holding ``[name]``.
 
     For tools that own a device, e.g. the emulator's ``rpi4-emu``::

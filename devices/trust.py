@@ -36,7 +36,7 @@ class Trusted:
 
 
 def trust_key(
-    name: str, public_key: Path, overrides: dict[str, Any] | None = None, log: Any = print
+    name: str, public_key: Path, overrides: profiles.ProfileOverrides | None = None, log: Any = print
 ) -> Trusted:
     """`devices trust-key NAME KEY.pub`: add the key to the board's trusted keys (which turns "signed
     bundles only" on there), after making sure the board's Python can check signatures. Only the public

@@ -16,7 +16,7 @@ from typing import Any
 
 from quarl_edge.exporters.base import EXPORTERS, ExportContext, ExportedModel, ExtraFile, register
 from quarl_edge.exporters.c_onnx import from_onnx
-from quarl_edge.exporters.onnx import _io, export_fp32
+from quarl_edge.exporters.onnx import export_fp32, graph_io
 from quarl_edge.runtimes import ccompiler
 from quarl_edge.runtimes.cprogram import Program
 from quarl_edge.runtimes.csource import render_c, render_h, stack_bytes
@@ -80,7 +80,7 @@ def _export_c_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     files = _write(ctx, program, path)
     quant = {"scheme": "none", "c": _summary(program)}
     tools = {"converter": f"torch.onnx dynamo exporter -> {GENERATOR}", "onnx": version("onnx")}
-    return ExportedModel(path, "c", "fp32", quant, _io(src), tools, files)
+    return ExportedModel(path, "c", "fp32", quant, graph_io(src).to_dict(), tools, files)
 
 
 @register("c-int8", calibrated=True)

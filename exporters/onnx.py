@@ -14,7 +14,7 @@ import io
 import logging
 import shutil
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ from quarl_edge.exporters.base import (
 )
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
+from quarl_edge.typed import integer, number, text
 
 INPUT_NAME = "obs"
 OUTPUT_NAME = "action"
@@ -41,21 +43,48 @@ LAYER_OPS = ("Conv", "Gemm", "MatMul")
 ACTIVATION_NAMES = {"S8S8": "int8", "U8S8": "uint8"}
 
 
-def _io(model_path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Port:
+    """A graph input or output as the file declares it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...]
+    """a fixed size, a named free dimension (``batch``), or None (a free one without a name)"""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"graph port name is not a string ({str(self.name)[:40]!r})")
+        text(self.dtype, f"graph port {self.name!r} dtype")
+        for i, d in enumerate(self.shape):
+            if not isinstance(d, str | None):
+                integer(d, f"graph port {self.name!r} shape[{i}]")
+
+    def to_dict(self) -> JSONObject:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+
+    def to_dict(self) -> JSONObject:
+        """The manifest's ``io`` block."""
+        return {"inputs": [p.to_dict() for p in self.inputs], "outputs": [p.to_dict() for p in self.outputs]}
+
+
+def graph_io(model_path: Path) -> GraphIO:
     import onnx
 
     m = onnx.load(str(model_path), load_external_data=False)
 
-    def desc(v: Any) -> dict[str, Any]:
+    def port(v: Any) -> Port:
         t = v.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        return {
-            "name": v.name,
-            "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
-            "shape": dims,
-        }
+        return Port(v.name, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, tuple(dims))
 
-    return {"inputs": [desc(v) for v in m.graph.input], "outputs": [desc(v) for v in m.graph.output]}
+    return GraphIO(tuple(port(v) for v in m.graph.input), tuple(port(v) for v in m.graph.output))
 
 
 def _toolchain(quantizer: str | None = None) -> dict[str, str]:
@@ -117,7 +146,7 @@ def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     tools = (
         _toolchain() if ctx.policy.source_model is None else {"converter": "none: the imported ONNX graph"}
     )
-    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, _io(path), tools)
+    return ExportedModel(path, "onnx", "fp32", {"scheme": "none"}, graph_io(path).to_dict(), tools)
 
 
 @register("onnx-fp16")
@@ -141,7 +170,7 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
 
     quant = {"scheme": "fp16 weights and activations, float32 I/O"}
     tools = _toolchain(f"onnxconverter-common {version('onnxconverter-common')}")
-    return ExportedModel(path, "onnx", "fp16", quant, _io(path), tools)
+    return ExportedModel(path, "onnx", "fp16", quant, graph_io(path).to_dict(), tools)
 
 
 class _Reader:
@@ -179,24 +208,65 @@ class _Reader:
         self._it = iter(zip(self._batches, self._states, strict=True))
 
 
-def _qdq_params(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ActivationQuant:
+    scale: float
+    zero_point: int
+
+    def __post_init__(self) -> None:
+        number(self.scale, "activation scale")
+        integer(self.zero_point, "activation zero_point", lo=-128, hi=255)
+
+    def to_dict(self) -> JSONObject:
+        return {"scale": self.scale, "zero_point": self.zero_point}
+
+
+@dataclass(frozen=True)
+class QDQParams:
+    """What the quantized graph holds: its Q/DQ nodes, int8 weight tensors and activation grids."""
+
+    quantize_linear_nodes: int
+    dequantize_linear_nodes: int
+    int8_weight_tensors: int
+    per_channel_weight_tensors: int
+    activations: tuple[tuple[str, ActivationQuant], ...]
+    """each per-tensor quantized activation (by tensor name), in graph order"""
+
+    def __post_init__(self) -> None:
+        for name in ("quantize_linear_nodes", "dequantize_linear_nodes", "int8_weight_tensors",
+                     "per_channel_weight_tensors"):  # fmt: skip
+            integer(getattr(self, name), name)
+
+    def to_dict(self) -> JSONObject:
+        """The quantization block's read-back part."""
+        acts = {name: q.to_dict() for name, q in self.activations}
+        return {
+            "quantize_linear_nodes": self.quantize_linear_nodes,
+            "dequantize_linear_nodes": self.dequantize_linear_nodes,
+            "int8_weight_tensors": self.int8_weight_tensors,
+            "per_channel_weight_tensors": self.per_channel_weight_tensors,
+            "activations": acts,
+            "input": acts.get(next(iter(acts), "")),
+        }
+
+
+def _qdq_params(path: Path) -> QDQParams:
     """Scales and zero points read back from the quantized graph."""
     import onnx
     from onnx import numpy_helper
 
     m = onnx.load(str(path))
     inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-    acts: dict[str, Any] = {}
+    acts: dict[str, ActivationQuant] = {}
     weights_int8, weights_per_channel, q_nodes, dq_nodes = 0, 0, 0, 0
     for n in m.graph.node:
         if n.op_type == "QuantizeLinear":
             q_nodes += 1
             scale, zp = inits.get(n.input[1]), inits.get(n.input[2]) if len(n.input) > 2 else None
             if scale is not None and scale.size == 1:
-                acts[n.input[0]] = {
-                    "scale": float(scale.reshape(())),
-                    "zero_point": int(zp.reshape(())) if zp is not None else 0,
-                }
+                acts[n.input[0]] = ActivationQuant(
+                    float(scale.reshape(())), int(zp.reshape(())) if zp is not None else 0
+                )
         elif n.op_type == "DequantizeLinear":
             dq_nodes += 1
             src = inits.get(n.input[0])
@@ -205,14 +275,7 @@ def _qdq_params(path: Path) -> dict[str, Any]:
                 scale = inits.get(n.input[1])
                 if scale is not None and scale.size > 1:
                     weights_per_channel += 1
-    return {
-        "quantize_linear_nodes": q_nodes,
-        "dequantize_linear_nodes": dq_nodes,
-        "int8_weight_tensors": weights_int8,
-        "per_channel_weight_tensors": weights_per_channel,
-        "activations": acts,
-        "input": acts.get(next(iter(acts), "")),
-    }
+    return QDQParams(q_nodes, dq_nodes, weights_int8, weights_per_channel, tuple(acts.items()))
 
 
 def _quantize_qdq(pre: Path, path: Path, reader: Any, activation_type: str, **kwargs: Any) -> None:
@@ -354,7 +417,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
     model = onnx.load(str(pre))
     by_name = {n.name: n for n in model.graph.node}
     unsigned = cfg.activation_type == "U8S8"
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, list[dict[str, np.ndarray]]] = {}  # ORT's TensorQuantOverrides
     for (layer, node_name), rng in zip(layer_nodes.items(), ranges, strict=True):
         if rng is None or layer in float_layers:
             continue
@@ -393,7 +456,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         "float_layers": float_layers,
         "int8_layers": int8_layers,
         "float_nodes": excluded,
-        **_qdq_params(path),
+        **_qdq_params(path).to_dict(),
     }
     import onnxruntime
 
@@ -402,7 +465,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         "onnx",
         "int8",
         quant,
-        _io(path),
+        graph_io(path).to_dict(),
         _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}"),
     )
 
@@ -441,7 +504,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         "percentile": CalibrationMethod.Percentile,
         "entropy": CalibrationMethod.Entropy,
     }[cfg.calibration_method]
-    extra: dict[str, Any] = {}
+    extra: dict[str, float] = {}  # ORT's extra_options
     if cfg.calibration_method == "percentile":
         extra["CalibPercentile"] = cfg.percentile
     dtype = input_dtype(ctx.policy.spec.observation_space)
@@ -456,7 +519,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         extra_options=extra,
         nodes_to_exclude=excluded,
     )
-    params = _qdq_params(path)
+    params = _qdq_params(path).to_dict()
     int8_layers, float_layers = _layer_split(path, layer_nodes)
     quant = {
         "scheme": _scheme(cfg.activation_type),
@@ -473,7 +536,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     import onnxruntime
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
-    return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
+    return ExportedModel(path, "onnx", "int8", quant, graph_io(path).to_dict(), tools)
 
 
 def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
@@ -496,7 +559,7 @@ def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
     batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 64
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
               "entropy": CalibrationMethod.Entropy}[cfg.calibration_method]  # fmt: skip
-    extra: dict[str, Any] = (
+    extra: dict[str, float] = (
         {"CalibPercentile": cfg.percentile} if cfg.calibration_method == "percentile" else {}
     )
     reader = _Reader(ctx.calibration, np.dtype(np.float32), batch, ctx.policy, ctx.calibration_state)
@@ -515,13 +578,13 @@ def _export_int8_foreign(ctx: ExportContext, path: Path) -> ExportedModel:
             if float_ops
             else {}
         ),
-        **_qdq_params(path),
+        **_qdq_params(path).to_dict(),
     }
     import onnxruntime
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
     tools["converter"] = "none: the imported ONNX graph"
-    return ExportedModel(path, "onnx", "int8", quant, _io(path), tools)
+    return ExportedModel(path, "onnx", "int8", quant, graph_io(path).to_dict(), tools)
 
 
 @register("onnx-int4", calibrated=True)
@@ -565,7 +628,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
         nodes_to_exclude=excluded,
         extra_options={"WeightSymmetric": True},
     )
-    params = _qdq_params(path)
+    params = _qdq_params(path).to_dict()
     int4_layers, float_layers = _layer_split(path, layer_nodes)
     acts = ACTIVATION_NAMES[cfg.activation_type]
     quant = {
@@ -583,7 +646,7 @@ def _export_int4(ctx: ExportContext, path: Path) -> ExportedModel:
     import onnxruntime
 
     tools = _toolchain(f"onnxruntime.quantization {onnxruntime.__version__}")
-    return ExportedModel(path, "onnx", "int4", quant, _io(path), tools)
+    return ExportedModel(path, "onnx", "int4", quant, graph_io(path).to_dict(), tools)
 
 
 def _int4_weights(path: Path) -> int:

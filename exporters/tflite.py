@@ -45,6 +45,7 @@ from quarl_edge.exporters.base import (
     register,
     reraise_interrupt,
 )
+from quarl_edge.exporters.tflite_readback import Layer, ReadBack, Tensor
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
 
@@ -189,31 +190,7 @@ def _layer_name(tensor_name: str) -> str:
     return ".".join(attrs) if attrs and len(attrs) == len(parts) else tensor_name
 
 
-def _qparams(d: dict[str, Any]) -> dict[str, Any] | None:
-    q = d.get("quantization_parameters") or {}
-    scales = np.asarray(q.get("scales", []))
-    if scales.size == 0:
-        return None
-    zps = np.asarray(q.get("zero_points", []))
-    if scales.size == 1:
-        return {"scale": float(scales[0]), "zero_point": int(zps[0]) if zps.size else 0}
-    return {"scales": int(scales.size), "axis": int(q.get("quantized_dimension", 0))}
-
-
-def _tensor(d: dict[str, Any]) -> dict[str, Any]:
-    shape = d.get("shape_signature", d["shape"])
-    out: dict[str, Any] = {
-        "name": d["name"],
-        "dtype": np.dtype(d["dtype"]).name,
-        "shape": [int(s) if s >= 0 else None for s in shape],
-    }
-    q = _qparams(d)
-    if q is not None:
-        out["quantization"] = q
-    return out
-
-
-def read_back(path: Path, layer_names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_back(path: Path, layer_names: list[str] | None = None) -> ReadBack:
     """I/O and quantization parameters as the converted file states them (via the LiteRT interpreter).
 
     Compute ops are labelled with ``layer_names`` (module paths, graph order) when the counts match,
@@ -223,39 +200,25 @@ def read_back(path: Path, layer_names: list[str] | None = None) -> tuple[dict[st
     with _quiet():
         interp = Interpreter(model_path=str(path), num_threads=1)
     tensors = {d["index"]: d for d in interp.get_tensor_details()}
-    inputs = [_tensor(d) for d in interp.get_input_details()]
-    outputs = [_tensor(d) for d in interp.get_output_details()]
     ops = interp._get_ops_details()  # the only API that lists a model's ops and their tensors
     compute = [op for op in ops if op["op_name"] in COMPUTE_OPS]
     if layer_names is None or len(layer_names) != len(compute):
         layer_names = [_layer_name(tensors[op["outputs"][0]]["name"]) for op in compute]
-    layers = []
-    for op, label in zip(compute, layer_names, strict=True):
-        x, w = tensors[op["inputs"][0]], tensors[op["inputs"][1]]
-        wq = _qparams(w)
-        layer = {
-            "layer": label,
-            "op": op["op_name"],
-            "weights": np.dtype(w["dtype"]).name,
-            "per_channel": bool(wq and "scales" in wq),
-            "input": np.dtype(x["dtype"]).name,
-        }
-        xq = _qparams(x)
-        if xq is not None:
-            layer["input_quantization"] = xq
-        layers.append(layer)
-    integer = {"int8", "uint8"}
-    quant = {
-        "ops": dict(Counter(op["op_name"] for op in ops if op["op_name"] != "DELEGATE")),
-        "layers": layers,
-        "int8_weight_tensors": sum(lay["weights"] == "int8" for lay in layers),
-        "per_channel_weight_tensors": sum(lay["per_channel"] for lay in layers),
-        "integer_layers": [lay["layer"] for lay in layers if lay["input"] in integer],
-        "float_layers": [lay["layer"] for lay in layers if lay["input"] not in integer],
-        "input": inputs[0],
-        "output": outputs[0],
-    }
-    return {"inputs": inputs, "outputs": outputs}, quant
+    layers = tuple(
+        Layer.of(
+            label,
+            op["op_name"],
+            Tensor.parse(tensors[op["inputs"][0]]),
+            Tensor.parse(tensors[op["inputs"][1]]),
+        )
+        for op, label in zip(compute, layer_names, strict=True)
+    )
+    return ReadBack(
+        inputs=tuple(Tensor.parse(d) for d in interp.get_input_details()),
+        outputs=tuple(Tensor.parse(d) for d in interp.get_output_details()),
+        ops=tuple(Counter(op["op_name"] for op in ops if op["op_name"] != "DELEGATE").items()),
+        layers=layers,
+    )
 
 
 # ---- fp32 / fp16 -----------------------------------------------------------------------------------
@@ -264,9 +227,9 @@ def read_back(path: Path, layer_names: list[str] | None = None) -> tuple[dict[st
 @register("tflite-fp32", requires=TFLITE)
 def _export_fp32(ctx: ExportContext, path: Path) -> ExportedModel:
     _convert("tflite-fp32", ctx.policy, path)
-    io_, params = read_back(path, compute_layers(ctx.policy))
-    quant = {"scheme": "none", "ops": params["ops"]}
-    return ExportedModel(path, "tflite", "fp32", quant, io_, _toolchain())
+    read = read_back(path, compute_layers(ctx.policy))
+    quant = {"scheme": "none", "ops": read.ops_dict()}
+    return ExportedModel(path, "tflite", "fp32", quant, read.io(), _toolchain())
 
 
 @register("tflite-fp16", requires=TFLITE)
@@ -275,18 +238,18 @@ def _export_fp16(ctx: ExportContext, path: Path) -> ExportedModel:
     from litert_torch.generative.quantize.quant_recipes import full_fp16_recipe
 
     _convert("tflite-fp16", ctx.policy, path, quant_config=full_fp16_recipe())
-    io_, params = read_back(path, compute_layers(ctx.policy))
+    read = read_back(path, compute_layers(ctx.policy))
     quant = {
         "scheme": "fp16 weights (dequantized at load), float32 compute and I/O",
-        "ops": params["ops"],
-        "layers": params["layers"],
+        "ops": read.ops_dict(),
+        "layers": read.layers_json(),
     }
     return ExportedModel(
         path,
         "tflite",
         "fp16",
         quant,
-        io_,
+        read.io(),
         _toolchain(quantizer=f"ai-edge-quantizer {_version('ai-edge-quantizer')}"),
     )
 
@@ -415,7 +378,7 @@ def _module_path(node: torch.fx.Node) -> str:
 
 def _learned_ranges(
     ctx: ExportContext, quantizer: Any, ranges: dict[str, tuple[float, float] | None]
-) -> tuple[nn.Module, dict[str, Any]]:
+) -> tuple[nn.Module, dict[str, list[float]]]:
     """prepare_pt2e -> fix every activation observer to a range learned in QAT -> convert_pt2e.
 
     No observation is calibrated on: one forward pass on a zero observation fills the weight observers
@@ -510,7 +473,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
             f"TFLite int8 with learned ranges failed: {first}", "re-export with --calibration FILE.npz"
         ) from None
     _convert("tflite-int8", plain, path, module=module, quant_config=QuantConfig(pt2e_quantizer=quantizer))
-    io_, params = read_back(path, names)
+    read = read_back(path, names)
     quant = {
         "scheme": "static int8 (PT2E): int8 weights, int8 activations, integer kernels",
         "ranges": "learned in quantization-aware training (no calibration)",
@@ -526,10 +489,15 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         "requested_int8_layers": int8_layers,
         "float_nodes": float_layers,
         **_activation_type(ctx.config),
-        **params,
+        **read.quantization(),
     }
     return ExportedModel(
-        path, "tflite", "int8", quant, io_, _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)")
+        path,
+        "tflite",
+        "int8",
+        quant,
+        read.io(),
+        _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)"),
     )
 
 
@@ -564,7 +532,7 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
     _convert(
         "tflite-int8", ctx.policy, path, module=module, quant_config=QuantConfig(pt2e_quantizer=quantizer)
     )
-    io_, params = read_back(path, compute_layers(ctx.policy))
+    read = read_back(path, compute_layers(ctx.policy))
     quant = {
         "scheme": "static int8 (PT2E): int8 weights, int8 activations, integer kernels",
         "calibration_method": cfg.calibration_method,
@@ -575,8 +543,13 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         "requested_int8_layers": int8_layers,
         "float_nodes": float_layers,
         **_activation_type(cfg),
-        **params,
+        **read.quantization(),
     }
     return ExportedModel(
-        path, "tflite", "int8", quant, io_, _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)")
+        path,
+        "tflite",
+        "int8",
+        quant,
+        read.io(),
+        _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)"),
     )

@@ -15,19 +15,22 @@ there, with the board's absolute paths (Python does not expand ``~``).
 from __future__ import annotations
 
 import json
+import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from quarl_edge.devices.preflight import check_ready
-from quarl_edge.devices.profiles import load_profile
+from quarl_edge.devices.profiles import ProfileOverrides, load_profile
 from quarl_edge.devices.runtime_wheel import build_runtime_wheel
 from quarl_edge.devices.ssh import sh
 from quarl_edge.runtimes.bundlepath import safe_name
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.selection import choose_model
+from quarl_edge.typed import build, flag, text
 
 DEPLOYED = ".local/share/quarl-edge/bundles"
 """the stable names, under the board's home"""
@@ -43,6 +46,62 @@ print(json.dumps({"model": p.info.model, "runtime": p.info.runtime, "action": np
 """
 
 
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class BoardCheck:
+    """What CHECK printed on the board: the model ``load_policy`` loaded there, from which manifest, its
+    first action, and whether torch was imported (it must not be)."""
+
+    model: str
+    runtime: str
+    action: object
+    """the action for a zero observation, as JSON: a number, or a (nested) list of numbers"""
+    manifest_sha256: str
+    sha256: str
+    torch_imported: bool
+    python: str
+
+    def __post_init__(self) -> None:
+        for name in ("model", "runtime", "python"):
+            text(getattr(self, name), name)
+        for name in ("manifest_sha256", "sha256"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not SHA256.match(value):
+                raise ValueError(f"{name} is not a sha256 ({str(value)[:40]!r})")
+        _action(self.action, "action")
+        flag(self.torch_imported, "torch_imported")
+
+    def to_dict(self) -> JSONObject:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def parse(cls, out: str, device: str) -> BoardCheck:
+        """The check's last line of output; a QuarlError naming ``device`` when it is not one."""
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            answer = None
+        if not isinstance(answer, dict):
+            raise QuarlError(f"the check on {device} printed no result", "run the deploy again with --debug")
+        try:
+            return build(cls, answer, "the check's result", {"action": _action})
+        except ValueError as e:
+            raise QuarlError(f"the check on {device} printed a malformed result ({e})",
+                             "run the deploy again with --debug") from None  # fmt: skip
+
+
+def _action(v: object, name: str, depth: int = 0) -> object:
+    """An action as JSON holds it (kept as it is, for the report): a number or a list of them, nested."""
+    if isinstance(v, list | tuple) and depth < 8:
+        for i, x in enumerate(v):
+            _action(x, f"{name}[{i}]", depth + 1)
+    elif isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{name} is not a number or a list of numbers ({str(v)[:40]!r})")
+    return v
+
+
 @dataclass(frozen=True)
 class Deployed:
     device: str
@@ -50,7 +109,7 @@ class Deployed:
     path: str
     """the bundle's stable name on the device, an absolute path"""
     python: str
-    check: dict[str, Any]
+    check: BoardCheck
     now: str
     """the sha256 of the manifest deployed"""
     was: str | None
@@ -74,7 +133,7 @@ class Deployed:
                 "docs: docs/runtime.md (load_policy, reset, act, info; examples/control_loop.py)"]  # fmt: skip
 
 
-def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[str, Any] | None = None,
+def deploy(bundle: Path, device: str, model: str | None = None, overrides: ProfileOverrides | None = None,
            log: Any = lambda _m: None, name: str | None = None) -> Deployed:  # fmt: skip
     from quarl_edge.devices.remote import SSHTransport
 
@@ -111,13 +170,13 @@ def deploy(bundle: Path, device: str, model: str | None = None, overrides: dict[
                                 "verify and name the bundle")  # fmt: skip
         # -I: the venv's packages only, never a quarl_edge folder in the login directory
         out = _run(t, sh(t.python, "-I", "-c", CHECK, link, entry.name), "load and act with the runtime API")
-        check = _answer(out, profile.name)
+        check = BoardCheck.parse(out, profile.name)
     python = t.python  # absolute (the profile's ~ is the board's $HOME), or a bare name on its PATH
-    if check.get("torch_imported"):
+    if check.torch_imported:
         raise QuarlError(
             f"the runtime on {profile.name} imported torch", "report a bug: runtimes/ must not import torch"
         )
-    if check.get("manifest_sha256") != cached.sha256 or check.get("sha256") != entry.sha256:
+    if check.manifest_sha256 != cached.sha256 or check.sha256 != entry.sha256:
         raise QuarlError(f"load_policy on {profile.name} did not load the bundle just deployed",
                          f"run the deploy again; if it persists, check {link} on the board")  # fmt: skip
     was = named.get("was")
@@ -134,16 +193,6 @@ def _refuse_a_real_folder(t: Any, link: str) -> None:
             f"{t.profile.name}:{link} is a real file or folder, not a name deploy made; refused (nothing uploaded)",
             "move it away on the board, or deploy under another name with --name",
         )
-
-
-def _answer(out: str, device: str) -> dict[str, Any]:
-    try:
-        check = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        check = None
-    if not isinstance(check, dict):
-        raise QuarlError(f"the check on {device} printed no result", "run the deploy again with --debug")
-    return check
 
 
 def _run(t: Any, cmd: str, what: str) -> str:

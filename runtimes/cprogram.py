@@ -213,7 +213,7 @@ def _op(p: Program, i: int, op: Op, written: set[int]) -> None:
     if x not in written:
         raise _bad(f"{where} reads buffer {x} before any op writes it")
     bx, by = p.buffers[x], p.buffers[y]
-    used: dict[str, Any] = {
+    used: dict[str, str | int | float | None] = {  # the array names and numbers the op reads
         "w": None,
         "b": None,
         "s": None,

@@ -106,6 +106,27 @@ def prepare(log_dir: Any, header: LogHeader) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class _Closed:
+    """A closed chunk on its way to the writer thread: its records' arrays (``obs`` is the pooled buffer,
+    its first ``n`` rows this chunk's) and the records dropped just before it."""
+
+    obs: np.ndarray
+    n: int
+    actions: np.ndarray
+    step: np.ndarray
+    t_ns: np.ndarray
+    act_ns: np.ndarray
+    flags: np.ndarray
+    dropped: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.n <= len(self.obs) or self.dropped < 0:
+            raise ValueError(
+                f"a chunk of {self.n} records ({len(self.obs)} rows, {self.dropped} dropped before)"
+            )
+
+
 class FieldLogger:
     """The records of one policy's act() calls, chunked, written by a thread of its own."""
 
@@ -143,7 +164,7 @@ class FieldLogger:
         self._sizes = self._existing_chunks() if self.failed is None else {}
         self._seq = 0
         self._pool: list[np.ndarray] = []
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_CHUNKS)
+        self._queue: queue.Queue[_Closed | None] = queue.Queue(QUEUE_CHUNKS)
         self._lock = threading.Lock()
         self._open()
         self._thread = threading.Thread(target=self._writer, name="quarl-edge-field-log", daemon=True)
@@ -223,13 +244,13 @@ class FieldLogger:
         n = self._n
         if n == 0:
             return
-        chunk = {
-            "obs": self._obs, "n": n,
-            "actions": np.frombuffer(self._actions, np.int64) if self._discrete else self._actions[:n],
-            "step": np.frombuffer(self._step, np.int64), "t_ns": np.frombuffer(self._t, np.int64),
-            "act_ns": np.frombuffer(self._lat, np.int64), "flags": np.frombuffer(self._flags, np.uint8),
-            "dropped": self._pending,
-        }  # fmt: skip
+        chunk = _Closed(
+            obs=self._obs, n=n,
+            actions=np.frombuffer(self._actions, np.int64) if self._discrete else self._actions[:n],
+            step=np.frombuffer(self._step, np.int64), t_ns=np.frombuffer(self._t, np.int64),
+            act_ns=np.frombuffer(self._lat, np.int64), flags=np.frombuffer(self._flags, np.uint8),
+            dropped=self._pending,
+        )  # fmt: skip
         self._open()
         try:
             self._queue.put_nowait(chunk)
@@ -237,12 +258,7 @@ class FieldLogger:
         except queue.Full:  # the disk is slower than the loop: drop this chunk, not the loop's pace
             self.dropped += n
             self._pending += n
-            self._pool.append(self._obs_of(chunk))
-
-    @staticmethod
-    def _obs_of(chunk: dict[str, Any]) -> np.ndarray:
-        obs: np.ndarray = chunk["obs"]
-        return obs
+            self._pool.append(chunk.obs)
 
     def _warn(self, stacklevel: int = 4) -> None:
         self._warned = True
@@ -282,24 +298,24 @@ class FieldLogger:
                 if self.failed is None:
                     self._write(chunk)
                 else:
-                    self._lost += chunk["n"]
+                    self._lost += chunk.n
             except OSError as e:  # a full disk, a removed folder, an I/O error: stop logging, keep acting
                 self.failed = f"{e.strerror or type(e).__name__} writing a chunk"
-                self._lost += chunk["n"]
+                self._lost += chunk.n
             finally:
                 if len(self._pool) < 2:
-                    self._pool.append(self._obs_of(chunk))
+                    self._pool.append(chunk.obs)
 
-    def _write(self, chunk: dict[str, Any]) -> None:
-        n = chunk["n"]
+    def _write(self, chunk: _Closed) -> None:
+        n = chunk.n
         self._seq += 1
         name = f"{self.session}-{self._seq:06d}.npz"
-        arrays = {k: chunk[k] for k in ("step", "t_ns", "act_ns", "flags", "actions")}
-        arrays["obs"] = chunk["obs"][:n]
-        step = arrays["step"]
+        step = chunk.step
+        arrays = {"step": step, "t_ns": chunk.t_ns, "act_ns": chunk.act_ns, "flags": chunk.flags,
+                  "actions": chunk.actions, "obs": chunk.obs[:n]}  # fmt: skip
         meta = {"manifest_sha256": self.header.manifest_sha256, "model": self.header.model,
                 "session": self.session, "seq": self._seq, "records": n, "first_step": int(step[0]),
-                "last_step": int(step[-1]), "dropped": chunk["dropped"]}  # fmt: skip
+                "last_step": int(step[-1]), "dropped": chunk.dropped}  # fmt: skip
         data = chunk_bytes(arrays, meta)
         self._rotate(len(data))
         atomic_write_bytes(self.dir / name, data)

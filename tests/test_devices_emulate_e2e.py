@@ -264,7 +264,9 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
         for name, bundle in bundles.items():
             t0 = time.monotonic()
             cfg = BenchConfig(episodes=2, max_steps=80, latency_samples=20, warmup=5)
-            report = bench_on_device(bundle, cfg, device="rpi4-emu", overrides={"python": python}).to_dict()
+            report = bench_on_device(
+                bundle, cfg, device="rpi4-emu", overrides=profiles.ProfileOverrides(python=python)
+            ).to_dict()
             assert report["device"]["machine"] == "aarch64" and report["device"]["emulated"] is True
             for m in report["models"]:  # every episode ran on the board, none failed
                 assert m["reward"]["episodes"] == 2 and None not in m["reward"]["per_episode"], m["reward"]

@@ -27,7 +27,7 @@ from conftest import SSHD, Sshd, fingerprint, free_port, keygen
 from quarl_edge.bench.partial import BenchInterrupted, partial_path
 from quarl_edge.bench.run import BenchConfig, bench
 from quarl_edge.bench.transport import LocalTransport
-from quarl_edge.devices.profiles import load_profile, remote_path, write_device_entry
+from quarl_edge.devices.profiles import ProfileOverrides, load_profile, remote_path, write_device_entry
 from quarl_edge.devices.remote import SSHTransport
 from quarl_edge.devices.ssh import HostKeyError, SSHConnection, SSHError, sh
 from quarl_edge.devices.zipapp import build_runner_zip
@@ -122,9 +122,23 @@ def test_builtin_profiles_and_user_overrides(env: Env) -> None:
     assert p.source[-1] == str(env.config / "devices.toml")
     lab = load_profile("lab")
     assert (lab.port, lab.cpu, lab.transport) == (2200, load_profile("rpi5").cpu, "ssh")
-    flagged = load_profile("rpi4", {"host": "10.9.9.9", "port": 2222, "user": None})
+    flagged = load_profile("rpi4", ProfileOverrides(host="10.9.9.9", port=2222, user=None))
     assert (flagged.host, flagged.port, flagged.user) == ("10.9.9.9", 2222, "pi")
     assert flagged.cli_ref() == "rpi4 --host 10.9.9.9 --port 2222"
+
+
+@pytest.mark.parametrize(
+    ("given", "expect"),
+    [
+        ({"port": "2222"}, "port = '2222' is not an integer"),
+        ({"port": True}, "port = 'True' is not an integer"),
+        ({"host": 10}, "host = '10' is not a string"),
+        ({"python": ["/usr/bin/python3"]}, "python = .* is not a string"),
+    ],
+)
+def test_profile_overrides_of_the_wrong_type_are_refused(given: dict[str, object], expect: str) -> None:
+    with pytest.raises(InputError, match=expect):
+        ProfileOverrides(**given)  # type: ignore[arg-type]
 
 
 def test_emulator_entry_is_a_drop_in_and_hand_edits_win(env: Env) -> None:

@@ -113,9 +113,7 @@ def test_keys_shapes_and_kinds_are_manifest_data(trained: Trained) -> None:
     assert w.kwargs["kinds"] == ["vector", t.case.kind, "vector"]
     ins = inspect_policy(t.zip_path, env_id=t.case.env)
     assert ins.model == "combined" and ins.scale_uint8
-    assert [(k["key"], k["kind"]) for k in ins.observation_keys] == list(
-        zip(KEYS, w.kwargs["kinds"], strict=True)
-    )
+    assert [(k.key, k.kind) for k in ins.observation_keys] == list(zip(KEYS, w.kwargs["kinds"], strict=True))
     text = dict(lines(ins))["observation"]
     assert f"camera {list(t.case.camera)} uint8 {t.case.kind}" in text and "agent [2]" in text, text
     assert any(la.name.startswith("combined.cnns.0.") for la in ins.layers)

@@ -64,8 +64,14 @@ def make_her(out: Path) -> Her:
 
 def test_keys_shapes_and_order_are_manifest_data(her: Her) -> None:
     ins = inspect_policy(her.zip_path)
-    assert [k["key"] for k in ins.observation_keys] == list(KEYS)
-    assert [k["shape"] for k in ins.observation_keys] == [[2], [2], [4]]
+    assert [k.key for k in ins.observation_keys] == list(KEYS)
+    assert [k.shape for k in ins.observation_keys] == [(2,), (2,), (4,)]
+    assert ins.to_dict()["observation_keys"][0] == {
+        "key": KEYS[0],
+        "shape": [2],
+        "dtype": "float64",
+        "kind": "vector",
+    }
     (w,) = [w for w in load_manifest(her.bundle).policy.env.wrappers if w.name == "dict_obs"]
     assert w.kwargs["keys"] == list(KEYS) and w.kwargs["shapes"] == [[2], [2], [4]]
     parity = load_manifest(her.bundle).source_parity
@@ -109,3 +115,14 @@ def test_closed_loop_return_kept_at_int8(her: Her) -> None:
     assert by["onnx-int8"]["reward"]["episodes"] == 2 and not by["onnx-int8"]["warnings"]
     checks = evaluate(parse_report(report), GateConfig(max_reward_drop_pct=10.0, min_agreement=0.95))
     assert all(c.passed for c in checks), [c.message for c in checks if not c.passed]
+
+
+def test_an_observation_key_of_an_unknown_kind_or_a_bad_shape_is_refused() -> None:
+    from quarl_edge.inspect import ObservationKey, RecurrentState
+
+    with pytest.raises(ValueError, match="kind 'video' is not one of vector, image_hwc, image_chw"):
+        ObservationKey("camera", (64, 64, 3), "uint8", "video")
+    with pytest.raises(ValueError, match=r"shape\[1\] is not an integer"):
+        ObservationKey("agent", (2, -1), "float32", "vector")
+    with pytest.raises(ValueError, match="recurrent state name is not a non-empty string"):
+        RecurrentState("", "h_out", (1, 64))

@@ -90,7 +90,7 @@ def test_inspected_with_its_state(isaac: tuple) -> None:
     _, onnx_path, io, bundle = isaac
     ins = inspect_policy(onnx_path, io=io)
     assert ins.source == "onnx" and ins.env_id == "external/policy"
-    assert [s["name"] for s in ins.recurrent_state] == ["h_in", "c_in"]
+    assert [s.name for s in ins.recurrent_state] == ["h_in", "c_in"]
     m = load_manifest(bundle)
     assert [s.input for s in m.policy.state] == ["h_in", "c_in"] and m.policy.train["control_hz"] == 50
     int8 = m.model("onnx-int8")

@@ -88,7 +88,7 @@ def test_state_is_manifest_data_and_inspected(rec: Rec) -> None:
     assert [o["name"] for o in io["outputs"]] == ["action", "h_out", "c_out"]
     ins = inspect_policy(rec.zip_path)
     assert ins.algo == "ppo_lstm" and "lstm" in ins.graph_steps
-    assert [s["name"] for s in ins.recurrent_state] == ["h_in", "c_in"]
+    assert [s.name for s in ins.recurrent_state] == ["h_in", "c_in"]
     assert rec.trace.episodes >= 4 and rec.trace.samples == 1000  # whole episodes, in order
 
 

@@ -98,7 +98,7 @@ def test_detected_weights_only_and_inspected(rsl: tuple[RslActor, Path, Path]) -
     ins = inspect_policy(pt)
     assert ins.source == "rsl_rl" and ins.activation == "elu" and ins.head == "identity"
     assert ins.env_id == "external/model_1500" and ins.normalization
-    assert [s["name"] for s in ins.recurrent_state] == (["h_in", "c_in"] if actor.recurrent else [])
+    assert [s.name for s in ins.recurrent_state] == (["h_in", "c_in"] if actor.recurrent else [])
 
 
 def test_exported_fp32_acts_as_rsl_rl_over_whole_episodes(rsl: tuple[RslActor, Path, Path]) -> None:

@@ -131,3 +131,25 @@ def test_keep_best_needs_checkpoints(cli, tmp_path: Path) -> None:
     proc = cli("train", "--env", "CartPole-v1", "--algo", "ppo", "--keep-best", "3", "--out", tmp_path / "x")
     assert proc.returncode == 2 and "--checkpoint-every" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_damaged_keep_best_history_is_refused_naming_the_file(tmp_path: Path) -> None:
+    from quarl_edge.runtimes.errors import InputError
+    from quarl_edge.train.trainer import BestKeeper, Score
+
+    assert Score(2048, 500.0, 0.0, kept=True).to_dict() == {
+        "step": 2048,
+        "mean": 500.0,
+        "std": 0.0,
+        "kept": True,
+    }
+    assert Score.from_dict({"step": 1024, "mean": 9.5, "std": 1.0}, "final") == Score(1024, 9.5, 1.0)
+    with pytest.raises(ValueError, match="std is -1, outside >= 0"):
+        Score(1024, 9.5, -1.0)
+    with pytest.raises(ValueError, match="kept is not true or false"):
+        Score(1024, 9.5, 1.0, kept="yes")  # type: ignore[arg-type]
+    (tmp_path / "selection.json").write_text(
+        json.dumps({"history": [{"step": 1024, "mean": "high", "std": 0}]})
+    )
+    with pytest.raises(InputError, match="selection.json' is damaged"):
+        BestKeeper(tmp_path, 3)

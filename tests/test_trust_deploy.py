@@ -23,7 +23,7 @@ import pytest
 from conftest import SSHD, Board, assert_one_error, changed
 
 from quarl_edge.bench.run import BenchConfig, bench
-from quarl_edge.deploy import DEPLOYED, deploy
+from quarl_edge.deploy import DEPLOYED, BoardCheck, deploy
 from quarl_edge.devices.profiles import load_profile
 from quarl_edge.devices.remote import SSHTransport
 from quarl_edge.devices.ssh import SSHConnection
@@ -78,7 +78,7 @@ def test_deploy_names_the_bundle_and_its_printed_line_runs_on_the_board(
     )
     assert (
         d.was is None
-        and d.now == sha == d.check["manifest_sha256"]
+        and d.now == sha == d.check.manifest_sha256
         and d.change() == f"new name, now {sha[:12]}"
     )
     # the printed line, pasted into a shell on the board: absolute paths, nothing for Python to expand
@@ -255,3 +255,28 @@ def test_stale_temp_entries_of_dead_sessions_are_removed_and_live_ones_kept(tmp_
     again = cache / "bundles" / f".{'d' * 64}.{dead.pid}.abcd1234.tmp"
     again.mkdir()
     assert clean_cache(cache, time.time() - 60) == [] and again.exists()
+
+
+def _check_line(**changes: object) -> str:
+    good = {"model": "onnx-int8", "runtime": "onnxruntime", "action": [0.5, -1], "manifest_sha256": "a" * 64,
+            "sha256": "b" * 64, "torch_imported": False, "python": "/venv/bin/python"}  # fmt: skip
+    return "a warning first\n" + json.dumps({**good, **changes}) + "\n"
+
+
+def test_the_boards_check_result_is_read_as_a_typed_check_and_a_bad_one_refused() -> None:
+    check = BoardCheck.parse(_check_line(), "rpi4")
+    assert check.runtime == "onnxruntime" and check.action == [0.5, -1] and not check.torch_imported
+    assert check.to_dict() == json.loads(
+        _check_line().splitlines()[-1]
+    )  # the --json output, as printed there
+    assert BoardCheck.parse(_check_line(action=1), "rpi4").action == 1  # a discrete action
+    for bad, expect in [
+        ({"sha256": "f00"}, "sha256 is not a sha256"),
+        ({"torch_imported": "no"}, "torch_imported is not true or false"),
+        ({"action": ["left"]}, r"action\[0\] is not a number"),
+        ({"model": ""}, "model is not a non-empty string"),
+    ]:
+        with pytest.raises(QuarlError, match=f"the check on rpi4 printed a malformed result .*{expect}"):
+            BoardCheck.parse(_check_line(**bad), "rpi4")
+    with pytest.raises(QuarlError, match="the check on rpi4 printed no result"):
+        BoardCheck.parse("Traceback ...\n", "rpi4")

@@ -23,6 +23,7 @@ import pytest
 from test_tune_inputs import small
 from test_tune_trust import Logs, assert_ships_what_it_measured
 
+from quarl_edge.devices.profiles import ProfileOverrides
 from quarl_edge.tune.search import run_tune
 
 SSHD = Path("/usr/sbin/sshd")
@@ -103,14 +104,16 @@ def test_another_port_is_another_board_and_its_latency_is_measured_again(
     first = run_tune(small(cartpole_policy, out, cartpole_calib, device=device))
     assert first.device.transport == "ssh"
     logs = Logs()
-    second = run_tune(small(cartpole_policy, out, cartpole_calib, device=device, overrides={"port": port_b}),
+    second = run_tune(small(cartpole_policy, out, cartpole_calib, device=device, overrides=ProfileOverrides(port=port_b)),
                       log=logs)  # fmt: skip
     assert logs.having("the device changed") and second.reused_measurements == 0
     assert second.inputs.device_sha256 != first.inputs.device_sha256
     assert second.inputs.policy_sha256 == first.inputs.policy_sha256  # only the board differs
     assert_ships_what_it_measured(out, second)
     # the same board named again (its port given explicitly): every measurement reused
-    third = run_tune(small(cartpole_policy, out, cartpole_calib, device=device, overrides={"port": port_b}))
+    third = run_tune(
+        small(cartpole_policy, out, cartpole_calib, device=device, overrides=ProfileOverrides(port=port_b))
+    )
     assert third.reused_measurements > 0 and third.inputs == second.inputs
     assert [r.latency for r in third.candidates] == [r.latency for r in second.candidates]
     assert port_a != port_b

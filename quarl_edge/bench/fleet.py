@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from quarl_edge import __version__
 from quarl_edge.bench.device import PARTIAL, device_stub, unwritable
@@ -43,7 +42,7 @@ from quarl_edge.bench.result import BenchReport
 from quarl_edge.bench.run import BenchConfig, bench, board_preflight, bundle_info, partial_key, plan
 from quarl_edge.bench.transport import Event, Transport, transport_for
 from quarl_edge.devices.preflight import check_host_ready
-from quarl_edge.devices.profiles import DeviceProfile, load_profile
+from quarl_edge.devices.profiles import DeviceProfile, ProfileOverrides, load_profile
 from quarl_edge.outputs import claim
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.errors import InputError, Interrupted, QuarlError
@@ -118,9 +117,9 @@ def _partial(req: FleetRequest, device: str) -> Path | None:
     return partial_path(req.out) if len(req.devices) == 1 else partial_file(req.out, device)
 
 
-def check_fleet(req: FleetRequest, overrides: dict[str, Any] | None = None) -> list[DeviceProfile]:
+def check_fleet(req: FleetRequest, overrides: ProfileOverrides | None = None) -> list[DeviceProfile]:
     """Every check that needs no device, before any work: the names, the flags, the output files."""
-    given = [k for k in SSH_FLAGS if (overrides or {}).get(k) is not None]
+    given = [k for k in SSH_FLAGS if getattr(overrides, k, None) is not None]
     listed = ",".join(req.devices)
     if given and len(req.devices) > 1:
         raise InputError(
@@ -186,7 +185,7 @@ class _Fleet:
 
 def bench_fleet(
     req: FleetRequest,
-    overrides: dict[str, Any] | None = None,
+    overrides: ProfileOverrides | None = None,
     progress: Callable[[str, Event], None] | None = None,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> FleetResult:
@@ -398,7 +397,7 @@ def bench_on_device(
     bundle: Path,
     cfg: BenchConfig,
     device: str = "local",
-    overrides: dict[str, Any] | None = None,
+    overrides: ProfileOverrides | None = None,
     out: Path | None = None,
     resume: bool = False,
     progress: Callable[[Event], None] | None = None,

@@ -200,7 +200,7 @@ def bench(
 ) -> BenchReport:
     """Run every model on the same seeds; return the report. ``device``: the profile's name, transport
     and whether it is emulated (the transport adds the facts the device reports about itself); a mapping of
-    those fields is read as one (tune/ passes its device that way).
+    those fields is read as one.
 
     ``partial``: keep finished work in this file as it arrives; it is left in place, for the caller to
     remove once the report is safely on disk (bench.device.bench_on_device does), so a report that

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from quarl_edge.devices.profiles import ProfileOverrides
 from quarl_edge.quant.config import QATConfig
 from quarl_edge.runtimes.errors import InputError
 
@@ -66,8 +67,8 @@ def out_option(help: str) -> Any:
     return typer.Option("--out", help=help)
 
 
-def overrides(host: str | None, user: str | None, port: int | None, identity: str | None) -> dict[str, Any]:
-    return {"host": host, "user": user, "port": port, "identity": identity}
+def overrides(host: str | None, user: str | None, port: int | None, identity: str | None) -> ProfileOverrides:
+    return ProfileOverrides(host=host, user=user, port=port, identity=identity)
 
 
 def int_list(text: str | None, flag: str, example: str) -> tuple[int, ...] | None:

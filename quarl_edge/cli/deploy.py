@@ -52,10 +52,10 @@ def deploy(
     d = run(bundle, device, model, overrides(host, user, port, identity), log=info, name=name)
     if as_json:
         print_json({"device": d.device, "model": d.model, "path": d.path, "python": d.python,
-                    "check": d.check, "was": d.was, "now": d.now, "usage": d.usage()[0],
+                    "check": d.check.to_dict(), "was": d.was, "now": d.now, "usage": d.usage()[0],
                     "warnings": list(d.warnings)})  # fmt: skip
         return
-    info(f"deployed {d.model} to {d.device}:{d.path} ({d.change()}); runtime {d.check.get('runtime')}; "
+    info(f"deployed {d.model} to {d.device}:{d.path} ({d.change()}); runtime {d.check.runtime}; "
          "torch not imported there")  # fmt: skip
     for line in d.usage():
         info(line)

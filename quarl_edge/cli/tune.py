@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from quarl_edge.cli._defaults import given
 from quarl_edge.cli._options import (
     AddressOpt,
     AlgoOpt,
@@ -70,12 +71,11 @@ def tune(
     from quarl_edge.common.limits import parse_percent
 
     # every limit is checked here, before the policy is loaded: TuneConfig is light (no torch, no Ray)
-    given: dict[str, Any] = {k: v for k, v in {
-        "device": device, "max_reward_drop_pct": None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop"),
-        "budget_min": budget_min, "episodes": episodes, "workers": workers}.items() if v is not None}  # fmt: skip
+    drop = None if max_reward_drop is None else parse_percent(max_reward_drop, "--max-reward-drop")
     cfg = TuneConfig(policy=policy, out=out, overrides=overrides(host, user, port, identity), min_agreement=min_agreement,
                      max_p99_ms=max_p99_ms, max_action_error=max_action_error, calibration=calibration, max_threads=max_threads, env=env, algo=algo,
-                     vecnormalize=vecnormalize, io=io, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign, **given)  # fmt: skip
+                     vecnormalize=vecnormalize, io=io, ray=False if no_ray else None, address=address, kinds=name_list(kinds), sign_key=sign,
+                     **given(device=device, max_reward_drop_pct=drop, budget_min=budget_min, episodes=episodes, workers=workers))  # fmt: skip
     if sign is not None:  # a bad key is refused before the search, not after it
         from quarl_edge.runtimes.signing import load_private_key
 

@@ -49,6 +49,16 @@ MASKED_LOGIT = -1e8
 
 
 @dataclass(frozen=True)
+class Cell:
+    """A recurrent cell as a checkpoint's weights show it (lstm or gru, hidden size, layers); checked when
+    :meth:`NetArch.with_cell` puts it into an architecture."""
+
+    kind: str
+    hidden: int
+    layers: int
+
+
+@dataclass(frozen=True)
 class NetArch:
     """Shape of the network; weights are stored separately.
 
@@ -97,6 +107,12 @@ class NetArch:
                              f"supported: {', '.join(RECURRENT)} after an MLP policy's features")  # fmt: skip
         if self.action_mask and self.head not in ("argmax", "multi_argmax"):
             raise InputError(f"an action mask with the {self.head!r} head", "masks apply to discrete actions")
+
+    def with_cell(self, cell: Cell | None) -> NetArch:
+        """This architecture with ``cell`` between its features and its MLP (None: as it is)."""
+        if cell is None:
+            return self
+        return replace(self, recurrent=cell.kind, rnn_hidden=cell.hidden, rnn_layers=cell.layers)
 
     def to_dict(self) -> JSONObject:
         d = asdict(self)

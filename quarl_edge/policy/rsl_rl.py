@@ -11,13 +11,12 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from quarl_edge.policy.importers import LoadOptions, Source, register
 from quarl_edge.policy.iodesc import IoDescription, external_env, read_io
-from quarl_edge.policy.net import NetArch, Policy, build_policy
+from quarl_edge.policy.net import Cell, NetArch, Policy, build_policy
 from quarl_edge.runtimes.errors import InputError, IntegrityError
 from quarl_edge.runtimes.spec import PolicySpec, SpaceSpec
 
@@ -51,13 +50,13 @@ def _chain(s: dict[str, torch.Tensor]) -> list[int]:
     return sorted(int(m.group(1)) for k in s if (m := re.fullmatch(r"mlp\.(\d+)\.weight", k)))
 
 
-def _memory(s: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _memory(s: dict[str, torch.Tensor]) -> Cell | None:
     if "rnn.rnn.weight_hh_l0" not in s:
-        return {}
+        return None
     hidden = int(s["rnn.rnn.weight_hh_l0"].shape[1])
     gates = int(s["rnn.rnn.weight_hh_l0"].shape[0]) // hidden
     layers = sum(1 for k in s if re.fullmatch(r"rnn\.rnn\.weight_ih_l\d+", k))
-    return {"recurrent": {4: "lstm", 3: "gru"}.get(gates, "?"), "rnn_hidden": hidden, "rnn_layers": layers}
+    return Cell({4: "lstm", 3: "gru"}.get(gates, "?"), hidden, layers)
 
 
 def policy_from_actor(s: dict[str, torch.Tensor], io: IoDescription, name: str, source: str) -> Policy:
@@ -72,7 +71,7 @@ def policy_from_actor(s: dict[str, torch.Tensor], io: IoDescription, name: str, 
     norm = "obs_normalizer._mean" in s
     arch = NetArch(model="mlp", hidden=tuple(int(s[f"mlp.{i}.weight"].shape[0]) for i in chain[:-1]),
                    activation=io.activation or "elu", out_dim=act_dim, head=io.head(), obs_norm=norm,
-                   norm_clip=1e9, norm_eps=1e-12, **memory)  # fmt: skip
+                   norm_clip=1e9, norm_eps=1e-12).with_cell(memory)  # fmt: skip
     spec = PolicySpec(name=name, algo="rsl_rl_ppo", model="mlp", env=io.env or external_env(name),
                       observation_space=SpaceSpec("box", (obs_dim,), "float32", "-inf", "inf"),
                       action_space=io.action_space(act_dim), graph_steps=arch.graph_steps(), source=source,
@@ -82,7 +81,7 @@ def policy_from_actor(s: dict[str, torch.Tensor], io: IoDescription, name: str, 
     for j, i in enumerate(chain[:-1]):
         state[f"mlp.{2 * j}.weight"], state[f"mlp.{2 * j}.bias"] = s[f"mlp.{i}.weight"], s[f"mlp.{i}.bias"]
     state["out.weight"], state["out.bias"] = s[f"mlp.{chain[-1]}.weight"], s[f"mlp.{chain[-1]}.bias"]
-    for i in range(memory.get("rnn_layers", 0)):
+    for i in range(memory.layers if memory else 0):
         for part in ("ih", "hh"):
             state[f"rnn.{part}{i}.weight"] = s[f"rnn.rnn.weight_{part}_l{i}"]
             state[f"rnn.{part}{i}.bias"] = s[f"rnn.rnn.bias_{part}_l{i}"]

@@ -17,7 +17,7 @@ from gymnasium import spaces as gym_spaces
 
 from quarl_edge.policy.algos import IMPORTABLE, LAYOUTS, SQUASHED
 from quarl_edge.policy.combined import key_kind, key_parts
-from quarl_edge.policy.net import NetArch, Policy, build_policy
+from quarl_edge.policy.net import Cell, NetArch, Policy, build_policy
 from quarl_edge.policy.registry import env_config
 from quarl_edge.policy.vecnormalize import VecNormStats
 from quarl_edge.quant.config import QATConfig
@@ -140,16 +140,12 @@ def _folded(parts: SB3Parts, layer: str, quantile_actions: int | None = None) ->
     return out
 
 
-def _recurrent(s: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _recurrent(s: dict[str, torch.Tensor]) -> Cell | None:
     """RecurrentPPO's actor LSTM (``lstm_actor``; with shared_lstm the same module): its size."""
     if "lstm_actor.weight_hh_l0" not in s:
-        return {}
+        return None
     layers = sum(1 for k in s if re.fullmatch(r"lstm_actor\.weight_ih_l\d+", k))
-    return {
-        "recurrent": "lstm",
-        "rnn_hidden": int(s["lstm_actor.weight_hh_l0"].shape[1]),
-        "rnn_layers": layers,
-    }
+    return Cell("lstm", int(s["lstm_actor.weight_hh_l0"].shape[1]), layers)
 
 
 def policy_from_parts(
@@ -200,8 +196,7 @@ def policy_from_parts(
         else 512,
         qat=parts.qat,
         action_mask=LAYOUTS[parts.algo].mask if parts.algo in LAYOUTS else False,
-        **_recurrent(s),
-    )
+    ).with_cell(_recurrent(s))
     state: dict[str, torch.Tensor] = {}
     if cnn:
         for i in (0, 2, 4):

@@ -25,10 +25,12 @@ from quarl_edge.quant.qat import QATClock
 from quarl_edge.runtimes.envs import make_env, space_spec
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.runner import run_episodes
+from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import EnvConfig
 from quarl_edge.text import markup_safe
 from quarl_edge.train.hyperparams import defaults
 from quarl_edge.train.qat_sb3 import check_scope, clock_callback, convert_scoped
+from quarl_edge.typed import build, flag, integer, items, number
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,32 @@ def _build_model(cfg: TrainConfig, env_cfg: EnvConfig, hp: dict[str, Any]) -> An
 SELECT_SEED0 = 20_000  # --keep-best scores on its own seeds, not on the final evaluation's (10_000+)
 
 
+@dataclass(frozen=True)
+class Score:
+    """One ``--keep-best`` evaluation: the weights' step and their return over the selection episodes."""
+
+    step: int
+    mean: float
+    std: float
+    kept: bool | None = None
+    """in the selection history: whether these weights became the best (None: the final weights' score)"""
+
+    def __post_init__(self) -> None:
+        integer(self.step, "step")
+        number(self.mean, "mean")
+        number(self.std, "std", lo=0)
+        if self.kept is not None:
+            flag(self.kept, "kept")
+
+    def to_dict(self) -> JSONObject:
+        d: JSONObject = {"step": self.step, "mean": self.mean, "std": self.std}
+        return d if self.kept is None else {**d, "kept": self.kept}
+
+    @classmethod
+    def from_dict(cls, v: object, name: str) -> Score:
+        return build(cls, v, name)
+
+
 class BestKeeper:
     """``--keep-best``: scores each checkpoint over a few deterministic episodes on selection seeds,
     keeps the best-scoring one in ``out/best/`` (history in ``out/selection.json``; both survive
@@ -220,23 +248,24 @@ class BestKeeper:
 
         self.out, self.episodes = out, episodes
         path = out / SELECTION_FILE
-        self.history: list[dict[str, Any]] = []
+        self.history: list[Score] = []
         if path.is_file():
             try:
-                self.history = list(json.loads(path.read_text())["history"])
+                history = items(json.loads(path.read_text())["history"], "history")
+                self.history = [Score.from_dict(h, f"history[{i}]") for i, h in enumerate(history)]
             except (ValueError, KeyError, TypeError):
                 raise InputError(
                     f"{str(path)!r} is damaged",
                     f"delete it and {BEST_DIR}/ to restart the --keep-best selection",
                 ) from None
 
-    def best(self) -> dict[str, Any] | None:
-        kept = [h for h in self.history if h.get("kept")]
+    def best(self) -> Score | None:
+        kept = [h for h in self.history if h.kept]
         return kept[-1] if kept else None
 
-    def score(self, policy: Policy) -> dict[str, Any]:
+    def score(self, policy: Policy) -> Score:
         mean, std, _ = evaluate(policy, self.episodes, seed0=SELECT_SEED0)
-        return {"step": int(policy.spec.train["steps"]), "mean": round(mean, 3), "std": round(std, 3)}
+        return Score(int(policy.spec.train["steps"]), round(mean, 3), round(std, 3))
 
     def offer(self, policy: Policy) -> None:
         from quarl_edge.policy.net import save_checkpoint
@@ -244,12 +273,12 @@ class BestKeeper:
 
         rec = self.score(policy)
         best = self.best()
-        rec["kept"] = best is None or rec["mean"] >= best["mean"]  # ties: the later, longer-trained one
-        if rec["kept"]:
+        rec = replace(rec, kept=best is None or rec.mean >= best.mean)  # ties: the later, longer-trained one
+        if rec.kept:
             save_checkpoint(policy, self.out / BEST_DIR)
         self.history.append(rec)
         atomic_write_json(self.out / SELECTION_FILE, {"episodes": self.episodes, "seed0": SELECT_SEED0,
-                                                      "history": self.history})  # fmt: skip
+                                                      "history": [h.to_dict() for h in self.history]})  # fmt: skip
 
     def final(self, policy: Policy) -> Policy:
         """The better of the final policy and the kept best; its train info says which and why."""
@@ -257,9 +286,10 @@ class BestKeeper:
 
         rec = self.score(policy)
         best = self.best()
-        info = {"episodes": self.episodes, "seed0": SELECT_SEED0, "final": rec, "best": best}
+        info = {"episodes": self.episodes, "seed0": SELECT_SEED0, "final": rec.to_dict(),
+                "best": None if best is None else best.to_dict()}  # fmt: skip
         chosen = policy
-        if best is not None and best["mean"] > rec["mean"] and (self.out / BEST_DIR).is_dir():
+        if best is not None and best.mean > rec.mean and (self.out / BEST_DIR).is_dir():
             kept = load_checkpoint(self.out / BEST_DIR)
             chosen = Policy(kept.spec, kept.arch, kept.net, policy.extra)
         train = {**policy.spec.train, "selected_step": int(chosen.spec.train["steps"]), "selection": info}

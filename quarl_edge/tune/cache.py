@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge import __version__
+from quarl_edge.devices.profiles import DeviceProfile
 from quarl_edge.runtimes import schema
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import QuarlError
@@ -89,10 +90,10 @@ def tool_versions() -> tuple[tuple[str, str], ...]:
     return (("quarl-edge", __version__), *((d, version(d)) for d in TOOLS))
 
 
-def device_sha256(profile: Any, facts: dict[str, Any]) -> str:
+def device_sha256(profile: DeviceProfile, facts: dict[str, Any]) -> str:
     """The device's identity: where it is reached (a board at another address or port is another board,
     whatever its profile is called) and what it says it is."""
-    where = {k: getattr(profile, k, None) for k in ("name", "transport", "host", "port", "user", "python",
+    where = {k: getattr(profile, k) for k in ("name", "transport", "host", "port", "user", "python",
                                                      "emulated")}  # fmt: skip
     return digest(where, {k: facts.get(k) for k in DEVICE_FACTS})
 

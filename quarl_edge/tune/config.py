@@ -5,11 +5,11 @@ flag in a fraction of a second."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from quarl_edge.common import limits
+from quarl_edge.devices.profiles import ProfileOverrides
 from quarl_edge.parallel import Workers
 from quarl_edge.runtimes.errors import InputError
 
@@ -26,7 +26,7 @@ class TuneConfig:
     policy: Path
     out: Path
     device: str = "local"
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: ProfileOverrides = ProfileOverrides()
     """device profile overrides (host, user, port, identity)"""
     max_reward_drop_pct: float = limits.MAX_REWARD_DROP_PCT
     """the gate's limit (common/limits.py), which the chosen model must pass"""

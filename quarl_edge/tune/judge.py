@@ -15,10 +15,10 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from quarl_edge.bench.result import BenchReport
+from quarl_edge.bench.result import BenchReport, Device
 from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import Transport
 from quarl_edge.parallel import Pool, pool
 from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.stats import drift_scale
@@ -35,7 +35,7 @@ def reward_task(bundle: str, name: str, reference: str, seed: int, episodes: int
 
 
 def latency(
-    s: Search, bundle: Path, threads: list[int], rows: Rows, device: dict[str, Any], transport: Any
+    s: Search, bundle: Path, threads: list[int], rows: Rows, device: Device, transport: Transport
 ) -> None:
     measured: dict[str, list[tuple[int, Timing | None]]] = {n: [] for n in rows}
     for t in threads:
@@ -78,7 +78,7 @@ def _screened_out(s: Search, row: CandidateRow) -> str | None:
     return None
 
 
-def closed_loop(s: Search, bundle: Path, rows: Rows, device: dict[str, Any], transport: Any) -> Choice | None:
+def closed_loop(s: Search, bundle: Path, rows: Rows, device: Device, transport: Transport) -> Choice | None:
     ref_name = s.reference
     rows[ref_name] = replace(rows[ref_name], verdict="pass", why="the fp32 reference", drop_pct=0.0)
     order = [r.name for r in sorted((r for r in rows.values() if r.p50_us), key=lambda r: r.p50_us or 0.0)]
@@ -118,7 +118,7 @@ def _the_reference(s: Search, rows: Rows) -> Choice | None:
 
 
 def by_action_error(
-    s: Search, bundle: Path, rows: Rows, device: dict[str, Any], transport: Any
+    s: Search, bundle: Path, rows: Rows, device: Device, transport: Transport
 ) -> Choice | None:
     """Where the policy's environment cannot run here, the verdict without a closed loop: fastest first,
     each candidate's action error against fp32 on the recorded observations (the bundle's trace, replayed
@@ -156,9 +156,7 @@ def by_action_error(
     return _the_reference(s, rows)
 
 
-def _action_error(
-    s: Search, bundle: Path, row: CandidateRow, device: dict[str, Any], transport: Any
-) -> float:
+def _action_error(s: Search, bundle: Path, row: CandidateRow, device: Device, transport: Transport) -> float:
     """One candidate's action error on the device (cached for its bytes and the reference's)."""
     threads = row.threads or 1
     cached: float | None = s.measured_error(row.name, threads)
@@ -172,7 +170,7 @@ def _action_error(
     return s.put_error(row.name, threads, agreement.action_error()[0])
 
 
-def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], transport: Any,
+def _judge(s: Search, bundle: Path, queue: list[str], device: Device, transport: Transport,
            pool_once: Callable[[], Pool]) -> None:  # fmt: skip
     """The closed loop of queue[0], cached; on the local device with ``--workers N``, the next N-1
     candidates' too, side by side (reward does not mind sharing the machine; latency was measured
@@ -180,7 +178,7 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
     (``--address``) does not see this machine's bundle: its closed loops stay here."""
     workers = s.cfg.parallel
     todo = [n for n in queue if s.closed(n) is None][: workers.count]
-    parallel = len(todo) > 1 and device.get("transport") == "local" and workers.local
+    parallel = len(todo) > 1 and device.transport == "local" and workers.local
     if not parallel:
         s.put_closed(
             "closed", todo[0], _reward(s, bundle, todo[0], s.cfg.seed, s.cfg.episodes, device, transport)
@@ -194,7 +192,7 @@ def _judge(s: Search, bundle: Path, queue: list[str], device: dict[str, Any], tr
 
 
 def _verdict(
-    s: Search, bundle: Path, name: str, rows: Rows, device: dict[str, Any], transport: Any
+    s: Search, bundle: Path, name: str, rows: Rows, device: Device, transport: Transport
 ) -> Choice | None:
     """Judge one candidate on its cached closed loop (and a close call's fresh seeds); the choice if it passes."""
     cfg, limit = s.cfg, s.cfg.max_reward_drop_pct
@@ -247,8 +245,8 @@ def _slower(rows: Rows, chosen: CandidateRow) -> None:
             rows[n] = replace(r, verdict="not needed", why=f"slower than {chosen.name}, which passed")
 
 
-def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device: dict[str, Any],
-            transport: Any) -> Drift:  # fmt: skip
+def _reward(s: Search, bundle: Path, name: str, seed: int, episodes: int, device: Device,
+            transport: Transport) -> Drift:  # fmt: skip
     s.log(f"closed loop: {name} vs {s.reference}, {episodes} paired episodes from seed {seed}")
     report = bench(bundle, BenchConfig(episodes=episodes, seed=seed, threads=1, latency_samples=0, models=(name,)),
                    device=device, transport=transport)  # fmt: skip

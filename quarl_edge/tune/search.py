@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quarl_edge.bench.device import device_stub
 from quarl_edge.bench.transport import transport_for
 from quarl_edge.devices.check import check_device
 from quarl_edge.devices.preflight import check_env
@@ -163,7 +164,7 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
             rows[name] = CandidateRow(row.candidate, row.sha256, agree)
         log(f"{len(cands)} candidates screened on the host; latency on {profile.name} at {threads} thread(s)")
         transport = transport_for(profile)
-        device = {"name": profile.name, "transport": profile.transport, "emulated": profile.emulated}
+        device = device_stub(profile)
         try:
             stage(f"latency on {profile.name}")
             latency(s, bundle, threads, rows, device, transport)

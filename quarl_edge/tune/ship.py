@@ -15,7 +15,9 @@ from typing import Any
 
 from quarl_edge import __version__
 from quarl_edge.bench.report import REPORT
+from quarl_edge.bench.result import Device
 from quarl_edge.bench.run import BenchConfig, bench
+from quarl_edge.bench.transport import Transport
 from quarl_edge.outputs import BUNDLE, claim
 from quarl_edge.runtimes.errors import IntegrityError, QuarlError
 from quarl_edge.runtimes.fsutil import (
@@ -84,7 +86,7 @@ def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str
     return shipped
 
 
-def write_outputs(result: TuneResult, cfg: TuneConfig, device: dict[str, Any], transport: Any) -> TuneResult:
+def write_outputs(result: TuneResult, cfg: TuneConfig, device: Device, transport: Transport) -> TuneResult:
     """The shipped bundle, its bench against fp32, tune.json/.md/.png; the result naming them."""
     out = cfg.out
     c = result.choice
@@ -100,7 +102,7 @@ def write_outputs(result: TuneResult, cfg: TuneConfig, device: dict[str, Any], t
              out / "tune.png", claim(out / SHIPPED, BUNDLE, name="the tuned bundle")]  # fmt: skip
     names = [result.reference] + ([c.name] if c.name != result.reference else [])
     measured = {n: result.row(n).sha256 for n in names}
-    tune = {"chosen": c.name, "threads": c.threads, "device": device["name"], "emulated": bool(device.get("emulated")),
+    tune = {"chosen": c.name, "threads": c.threads, "device": device.name, "emulated": device.emulated,
             "evidence": c.to_dict(), "policy_sha256": result.inputs.policy_sha256, "measured": measured}  # fmt: skip
     # the first seeds and a close call's fresh ones follow on; no episodes where the env cannot run here
     episodes = 0 if result.reward_not_measured else c.episodes or cfg.episodes
