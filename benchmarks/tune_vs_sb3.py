@@ -114,10 +114,10 @@ class Tuned:
         from quarl_edge.tune.verify import read_tune_json
 
         # checked as gate checks it: the choice benched, the bundle beside it the one tune.json names
-        read = read_tune_json(folder / "tune.json")
-        if read is None or read[1].choice is None:
+        result = read_tune_json(folder / "tune.json")
+        if result is None or result.choice is None:
             raise SystemExit(f"{folder}/tune.json is a bench report without tune's choice")
-        result, choice = read[1], read[1].choice
+        choice = result.choice
         if result.reference != REFERENCE:
             raise SystemExit(
                 f"{folder}: tune's reference is {result.reference}, this benchmark needs {REFERENCE}"

@@ -25,6 +25,7 @@ from test_fuzz import contract, dumps, fuzz_settings, mutations
 from test_tune_inputs import small
 from test_tune_trust import assert_ships_what_it_measured
 
+from quarl_edge.bench.report import read_report
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.tune.cache import STAGES, State
 from quarl_edge.tune.outdir import OUTPUTS, _leftover, check_out
@@ -133,15 +134,14 @@ def test_a_fuzzed_tune_json_is_accepted_only_when_what_it_certifies_holds(
         (out / "tune.json").write_text(dumps(forged))
 
         def use() -> None:
-            read = read_tune_json(out / "tune.json")
-            if read is None:
+            result = read_tune_json(out / "tune.json")
+            if result is None:
                 assert "tune" not in forged  # a plain bench report: gate's own checks apply
                 return
-            report, result = read
+            report = read_report(out / "tune.json")
             assert result.choice is not None and result.shipped is not None
-            benched = {m["name"] for m in report["models"]}
-            assert {result.choice.name, result.reference} <= benched
-            assert report["bundle"]["policy"] == result.policy
+            assert {result.choice.name, result.reference} <= {m.name for m in report.models}
+            assert report.bundle.policy == result.policy
             assert dict(result.shipped.models) == shipped  # the bundle beside it is the one it names
 
         contract("tune.json", use)

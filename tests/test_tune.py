@@ -56,7 +56,7 @@ def test_the_choice_passes_the_gate_and_is_never_slower_than_fp32(
     assert not choice.name.startswith("onnx-int8")
     # tune.json reads back as the same typed result (what gate checks), minus what is local to this run
     read = read_tune_json(cfg.out / "tune.json")
-    assert read is not None and read[1].tune_block() == result.tune_block()
+    assert read is not None and read.tune_block() == result.tune_block()
 
 
 def test_the_tuned_bundle_holds_the_choice_and_says_why(tuned: tuple[TuneConfig, TuneResult]) -> None:

@@ -247,9 +247,8 @@ def test_the_gate_cli_refuses_a_forged_tune_json_in_one_line(cli: Any, forged: P
 
 
 def test_the_typed_result_round_trips_and_checks_its_numbers(tuned: Path) -> None:
-    read = read_tune_json(tuned / "tune.json")
-    assert read is not None
-    result = read[1]
+    result = read_tune_json(tuned / "tune.json")
+    assert result is not None
     assert TuneResult.from_dict(result.to_dict()) == result
     row = result.row(result.reference)
     with pytest.raises(QuarlError, match="between 0 and 1"):

@@ -91,7 +91,7 @@ def test_the_fastest_within_the_action_error_limit_is_chosen(rsl: tuple[Path, Pa
     md = (out / "tune.md").read_text()
     assert "action error" in md and "not measured" in md
     # gate reads it as tune's evidence and passes the choice at the limit it was chosen under
-    report, block = read_tune_json(out / "tune.json") or ({}, None)
+    block = read_tune_json(out / "tune.json")
     assert block is not None and block.choice is not None and block.choice.name == c.name
     if c.name != result.reference:  # (a report of the fp32 reference alone has nothing for gate to check)
         checks = evaluate(read_report(out / "tune.json"), GateConfig(max_action_error=limit))

@@ -327,9 +327,8 @@ def gate(
     else:
         refuse_thresholds(cfg, field=False)
         data = read_report(report)
-        tuned = read_tune_json(
-            report
-        )  # a tune.json: its tune block, and the shipped bundle beside it, checked too
+        # a tune.json: its tune block, and the shipped bundle beside it, checked too
+        tuned = read_tune_json(report)
         checks = evaluate(data, cfg)
     write_outputs(data, checks, junit, markdown, reads=[("report", report)])
     failed = [c for c in checks if not c.passed]

@@ -23,8 +23,9 @@ from quarl_edge.tune.records import FIX
 from quarl_edge.tune.result import TuneResult
 
 
-def read_tune_json(path: str | Path) -> tuple[dict[str, Any], TuneResult] | None:
-    """tune.json's report and its checked tune block; None for a bench report without one."""
+def read_tune_json(path: str | Path) -> TuneResult | None:
+    """tune.json's tune block, checked against its report (read typed with `bench.report.read_report`);
+    None for a bench report without one."""
     path = Path(path)
     if json_format(path) == FLEET_FORMAT:  # tune writes one device's report; a fleet carries no tune block
         fleet = read_artifact(path, FLEET_FORMAT, FLEET_VERSION, "bench report", "re-run `quarl-edge bench`")
@@ -43,7 +44,7 @@ def read_tune_json(path: str | Path) -> tuple[dict[str, Any], TuneResult] | None
     except schema.MALFORMED as e:
         raise InputError(f"malformed {where} ({type(e).__name__}: {str(e)[:120]})", FIX) from None
     check_shipped_bundle(result, path.parent, where)
-    return data, result
+    return result
 
 
 def check_tune_json(path: str | Path) -> None:
