@@ -21,7 +21,7 @@ from quarl_edge.exporters.base import (
 from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.field.calibration import calibration_trace
 from quarl_edge.outputs import BUNDLE, claim
-from quarl_edge.parity import parity_line, source_parity
+from quarl_edge.parity import source_parity
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
@@ -222,8 +222,8 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
         fp32 = [e.name for e in entries if e.precision == "fp32"]
         if fp32:  # measured on the written models, as a bench will load them
             parity = source_parity(policy, tmp, manifest, trace, fp32)
-            log(parity_line(parity.to_dict()))
-            manifest = replace(manifest, source_parity=parity.to_dict())
+            log(parity.line())
+            manifest = replace(manifest, source_parity=parity)
             atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         if key is not None:  # over the bytes just written, inside the folder that is renamed into place
             atomic_write_bytes(

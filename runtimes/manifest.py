@@ -14,6 +14,7 @@ from . import schema
 from .artifact import MAX_JSON_BYTES, parse_artifact
 from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
+from .parity import SourceParity
 from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
@@ -102,7 +103,7 @@ class Manifest:
     tool_version: str = ""
     tune: dict[str, Any] | None = None
     """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
-    source_parity: dict[str, Any] | None = None
+    source_parity: SourceParity | None = None
     """the fp32 models against the source policy on the trace (quarl_edge/parity.py), set at export"""
 
     def model(self, name: str) -> ModelEntry:
@@ -129,7 +130,7 @@ class Manifest:
             "trace": self.trace,
             "models": [m.to_dict() for m in self.models],
             **({"tune": self.tune} if self.tune is not None else {}),
-            **({"source_parity": self.source_parity} if self.source_parity is not None else {}),
+            **({"source_parity": self.source_parity.to_dict()} if self.source_parity is not None else {}),
         }
 
     @classmethod
@@ -193,7 +194,7 @@ class Manifest:
                 tune=schema.obj(d["tune"], "bundle manifest tune", fix)
                 if d.get("tune") is not None
                 else None,
-                source_parity=schema.obj(d["source_parity"], "bundle manifest source_parity", fix)
+                source_parity=SourceParity.from_dict(d["source_parity"], "bundle manifest source_parity", fix)
                 if d.get("source_parity") is not None
                 else None,
             )
