@@ -7,7 +7,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from quarl_edge.runtimes.inputs import calibration_range
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, save_trace
+from quarl_edge.runtimes.tunechoice import TuneChoice
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -70,7 +70,7 @@ class BundleRequest:
     """episodes recorded on the fly when no calibration file is given"""
     variants: tuple[Variant, ...] = ()
     """more models, each under its own name, after ``targets`` (which are named by their target)"""
-    tune: dict[str, Any] | None = None
+    tune: TuneChoice | None = None
     """recorded in the manifest: the choice `quarl-edge tune` made for this bundle, with its evidence"""
     reads: Sequence[tuple[str, Path | None]] = ()
     """what else the export reads, as (label, path): the policy's folder or .zip, a VecNormalize file.

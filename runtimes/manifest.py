@@ -18,6 +18,7 @@ from .parity import SourceParity
 from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
+from .tunechoice import TuneChoice
 
 MANIFEST_NAME = "manifest.json"
 RESERVED = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
@@ -101,7 +102,7 @@ class Manifest:
     trace: dict[str, Any] | None = None
     created: str = ""
     tool_version: str = ""
-    tune: dict[str, Any] | None = None
+    tune: TuneChoice | None = None
     """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
     source_parity: SourceParity | None = None
     """the fp32 models against the source policy on the trace (quarl_edge/parity.py), set at export"""
@@ -129,7 +130,7 @@ class Manifest:
             "calibration": self.calibration,
             "trace": self.trace,
             "models": [m.to_dict() for m in self.models],
-            **({"tune": self.tune} if self.tune is not None else {}),
+            **({"tune": self.tune.to_dict()} if self.tune is not None else {}),
             **({"source_parity": self.source_parity.to_dict()} if self.source_parity is not None else {}),
         }
 
@@ -191,9 +192,7 @@ class Manifest:
                 trace=d.get("trace"),
                 created=str(d.get("created", "")),
                 tool_version=str(d.get("tool_version", "")),
-                tune=schema.obj(d["tune"], "bundle manifest tune", fix)
-                if d.get("tune") is not None
-                else None,
+                tune=TuneChoice.from_dict(d["tune"]) if d.get("tune") is not None else None,
                 source_parity=SourceParity.from_dict(d["source_parity"], "bundle manifest source_parity", fix)
                 if d.get("source_parity") is not None
                 else None,

@@ -22,6 +22,7 @@ from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.parity import ModelParity, SourceParity
 from quarl_edge.runtimes.runner import PolicyRunner
 from quarl_edge.runtimes.spec import EnvConfig
+from quarl_edge.runtimes.tunechoice import TuneChoice
 
 
 def _rehash(bundle: Path, name: str) -> None:
@@ -273,3 +274,43 @@ def test_source_parity_reads_back_as_written(cartpole_bundle: Path, tmp_path: Pa
     assert line == "fp32 vs source (TD3.predict): onnx-fp32 agreement 0.9500, max |Δa| 0.25 on 10 states"
     with pytest.raises(InputError, match="agreement"):  # checked when made, too
         ModelParity("onnx-fp32", 10, 1.5, None, None)
+
+
+TUNED = {"chosen": "onnx-int8", "threads": 2, "device": "rpi4", "emulated": False,
+         "evidence": {"name": "onnx-int8", "threads": 2, "p99_us": 80.0}, "policy_sha256": "ab" * 32,
+         "measured": {"onnx-fp32": "cd" * 32, "onnx-int8": "ef" * 32}}  # fmt: skip
+BAD_TUNE = {  # (the tune block, what the one line names)
+    "threads 0": ({**TUNED, "threads": 0}, "tune.threads is not an integer in [1, 256]"),
+    "threads a string": ({**TUNED, "threads": "4"}, "tune.threads is not an integer"),
+    "no chosen": ({k: v for k, v in TUNED.items() if k != "chosen"}, "tune.chosen is not a string"),
+    "device a number": ({**TUNED, "device": 4}, "tune.device is not a string"),
+    "emulated a string": ({**TUNED, "emulated": "no"}, "tune.emulated is not true or false"),
+    "evidence a list": ({**TUNED, "evidence": []}, "tune.evidence is not an object"),
+    "measured sha a number": ({**TUNED, "measured": {"onnx-int8": 5}}, "tune.measured['onnx-int8'] is not a string"),
+    "not an object": ("onnx-int8", "bundle manifest tune is not an object"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_TUNE, ids=list(BAD_TUNE))
+def test_a_bad_tune_block_is_refused_on_load_in_one_line(
+    cartpole_bundle: Path, tmp_path: Path, case: str
+) -> None:
+    block, says = BAD_TUNE[case]
+    bundle = _with_block(cartpole_bundle, tmp_path / "b", "tune", block)
+    with pytest.raises(InputError) as e:
+        load_manifest(bundle)
+    line = str(e.value)
+    assert "\n" not in line and says in line and line.endswith("re-run `quarl-edge tune`"), line
+
+
+def test_a_tune_block_reads_back_as_written(cartpole_bundle: Path, tmp_path: Path) -> None:
+    bundle = _with_block(cartpole_bundle, tmp_path / "b", "tune", TUNED)
+    tune = load_manifest(bundle).tune
+    assert tune == TuneChoice("onnx-int8", 2, "rpi4", False, TUNED["evidence"], "ab" * 32,
+                              (("onnx-fp32", "cd" * 32), ("onnx-int8", "ef" * 32)))  # fmt: skip
+    assert tune.to_dict() == TUNED and list(tune.to_dict()) == list(TUNED)  # the same keys in the same order
+    assert load_manifest(bundle).to_dict() == json.loads((bundle / "manifest.json").read_text())
+    bare = {"chosen": "onnx-int8", "threads": 1, "device": "rpi4"}  # what older tests and hand edits hold
+    assert TuneChoice.from_dict(bare).to_dict() == bare
+    with pytest.raises(InputError, match="tune.threads"):  # checked when made, too
+        TuneChoice("onnx-int8", 0, "rpi4")
