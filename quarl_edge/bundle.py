@@ -35,7 +35,7 @@ from quarl_edge.runtimes.fsutil import (
     temp_dir_prefix,
 )
 from quarl_edge.runtimes.inputs import calibration_range
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile, TraceFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, save_trace
 from quarl_edge.runtimes.tunechoice import TuneChoice
@@ -213,7 +213,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             policy=policy.spec,
             models=tuple(entries),
             calibration=calibration,
-            trace={"file": "trace.npz", "sha256": sha256_file(tmp / "trace.npz"), "samples": trace.samples},
+            trace=TraceFile("trace.npz", sha256_file(tmp / "trace.npz"), trace.samples),
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
             tune=req.tune,

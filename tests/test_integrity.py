@@ -314,3 +314,24 @@ def test_a_tune_block_reads_back_as_written(cartpole_bundle: Path, tmp_path: Pat
     assert TuneChoice.from_dict(bare).to_dict() == bare
     with pytest.raises(InputError, match="tune.threads"):  # checked when made, too
         TuneChoice("onnx-int8", 0, "rpi4")
+
+
+@pytest.mark.parametrize(
+    ("block", "says"),
+    [({"file": "trace.npz", "sha256": "ab" * 32, "samples": -1}, "trace.samples is not an integer in [0, "),
+     ({"file": "trace.npz", "sha256": 5}, "trace.sha256 is not a string"),
+     ({"sha256": "ab" * 32}, "trace.file"),
+     ("trace.npz", "bundle manifest trace is not an object")],
+)  # fmt: skip
+def test_a_bad_trace_block_is_refused_on_load_in_one_line(
+    cartpole_bundle: Path, tmp_path: Path, block: Any, says: str
+) -> None:
+    bundle = _with_block(cartpole_bundle, tmp_path / "b", "trace", block)
+    with pytest.raises(InputError) as e:
+        load_manifest(bundle, verify=False)
+    assert "\n" not in str(e.value) and says in str(e.value), str(e.value)
+    trace = load_manifest(cartpole_bundle).trace
+    assert (
+        trace is not None
+        and trace.to_dict() == json.loads((cartpole_bundle / "manifest.json").read_text())["trace"]
+    )

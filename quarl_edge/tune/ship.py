@@ -75,8 +75,8 @@ def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: TuneChoi
         _copy(src, dst, e.file, e.sha256, e.name)
         for f in e.files:  # a C model's header and prebuilt objects, hashed in the same manifest entry
             _copy(src, dst, f.file, f.sha256, f"{e.name}'s {f.role}")
-    if m.trace:
-        _copy(src, dst, str(m.trace["file"]), str(m.trace["sha256"]), "the replay trace")
+    if m.trace is not None:
+        _copy(src, dst, m.trace.file, m.trace.sha256, "the replay trace")
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     shipped = Manifest(policy=m.policy, models=tuple(entries), calibration=m.calibration, trace=m.trace,
                        created=created, tool_version=__version__, tune=tune)  # fmt: skip
