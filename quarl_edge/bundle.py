@@ -7,7 +7,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from quarl_edge.exporters.base import (
 from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.field.calibration import calibration_trace
 from quarl_edge.outputs import BUNDLE, claim
-from quarl_edge.parity import parity_line, source_parity
+from quarl_edge.parity import source_parity
 from quarl_edge.policy.net import Policy
 from quarl_edge.quant.deployable import deployable
 from quarl_edge.record import RecordConfig, check_trace_fits, record
@@ -36,9 +35,10 @@ from quarl_edge.runtimes.fsutil import (
     temp_dir_prefix,
 )
 from quarl_edge.runtimes.inputs import calibration_range
-from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile
+from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, ModelEntry, ModelFile, TraceFile
 from quarl_edge.runtimes.signing import SIGNATURE_NAME, load_private_key, signature_document
 from quarl_edge.runtimes.trace import Trace, save_trace
+from quarl_edge.runtimes.tunechoice import TuneChoice
 
 TRACE_SAMPLES = 1000
 WORK_PREFIX = "quarl-export"
@@ -70,7 +70,7 @@ class BundleRequest:
     """episodes recorded on the fly when no calibration file is given"""
     variants: tuple[Variant, ...] = ()
     """more models, each under its own name, after ``targets`` (which are named by their target)"""
-    tune: dict[str, Any] | None = None
+    tune: TuneChoice | None = None
     """recorded in the manifest: the choice `quarl-edge tune` made for this bundle, with its evidence"""
     reads: Sequence[tuple[str, Path | None]] = ()
     """what else the export reads, as (label, path): the policy's folder or .zip, a VecNormalize file.
@@ -213,7 +213,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
             policy=policy.spec,
             models=tuple(entries),
             calibration=calibration,
-            trace={"file": "trace.npz", "sha256": sha256_file(tmp / "trace.npz"), "samples": trace.samples},
+            trace=TraceFile("trace.npz", sha256_file(tmp / "trace.npz"), trace.samples),
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
             tune=req.tune,
@@ -222,8 +222,8 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
         fp32 = [e.name for e in entries if e.precision == "fp32"]
         if fp32:  # measured on the written models, as a bench will load them
             parity = source_parity(policy, tmp, manifest, trace, fp32)
-            log(parity_line(parity.to_dict()))
-            manifest = replace(manifest, source_parity=parity.to_dict())
+            log(parity.line())
+            manifest = replace(manifest, source_parity=parity)
             atomic_write_json(tmp / MANIFEST_NAME, manifest.to_dict())
         if key is not None:  # over the bytes just written, inside the folder that is renamed into place
             atomic_write_bytes(

@@ -30,6 +30,7 @@ from quarl_edge.runtimes.errors import InputError, QuarlError
 from quarl_edge.runtimes.manifest import load_manifest
 from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.selection import choose_model
+from quarl_edge.runtimes.tunechoice import TuneChoice
 from quarl_edge.typed import build, flag, text
 
 DEPLOYED = ".local/share/quarl-edge/bundles"
@@ -204,11 +205,10 @@ def _run(t: Any, cmd: str, what: str) -> str:
     return str(r.stdout)
 
 
-def tuned_elsewhere(tune: dict[str, Any] | None, device: str) -> str | None:
+def tuned_elsewhere(tune: TuneChoice | None, device: str) -> str | None:
     """One line when a bundle `quarl-edge tune` made on one device goes to another (it still goes)."""
-    tuned_on = (tune or {}).get("device")
-    if not isinstance(tuned_on, str) or tuned_on == device:
+    if tune is None or tune.device == device:
         return None
-    on = tuned_on[:64]
+    on = tune.device[:64]
     return (f"this bundle was tuned on {on} and is deployed to {device}: its model choice and thread count "
             f"were measured on {on}; to choose for {device}: quarl-edge tune --policy POLICY --device {device} --out DIR")  # fmt: skip

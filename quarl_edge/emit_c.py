@@ -83,7 +83,7 @@ def emit_c(bundle: Path, out: Path, model: str | None = None, cpu_flags: str = "
     from quarl_edge.runtimes.policy import Policy
 
     manifest = load_manifest(bundle, verify=False)
-    trace = load_trace(bundle / str(manifest.trace["file"])) if manifest.trace else None
+    trace = load_trace(bundle / manifest.trace.file) if manifest.trace is not None else None
     obs = np.zeros((0, program.obs_size), np.float32)
     actions: list[str] = []
     if trace is not None:

@@ -6,66 +6,21 @@ compare the quantized models against the exported fp32 one)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from quarl_edge.runtimes.envs import bounds
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest
+from quarl_edge.runtimes.parity import ModelParity, SourceParity
 from quarl_edge.runtimes.runner import PolicyRunner
-from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.spec import SpaceSpec
 from quarl_edge.runtimes.trace import Trace
 
 if TYPE_CHECKING:
     from quarl_edge.policy.net import Policy
-
-
-@dataclass(frozen=True)
-class ModelParity:
-    model: str
-    samples: int
-    agreement: float
-    """discrete: the share of equal actions; continuous: 1 - mean |Δa| / action range (as bench's)"""
-    max_abs_diff: float | None
-    """continuous: the largest |Δa| over every sample and action dimension, in action units"""
-    mean_abs_diff: float | None
-
-    def __post_init__(self) -> None:
-        if not self.samples >= 0 or not 0.0 <= self.agreement <= 1.0:
-            raise ValueError(f"parity out of range: {self}")
-
-
-@dataclass(frozen=True)
-class SourceParity:
-    reference: str
-    """what the fp32 models were compared with, e.g. ``TQC.predict (sb3-contrib 2.9.2)``"""
-    models: tuple[ModelParity, ...] = ()
-    error: str | None = None
-    """why it was not measured (then ``models`` is empty)"""
-
-    def to_dict(self) -> JSONObject:
-        return {"reference": self.reference, "models": [asdict(m) for m in self.models], "error": self.error}
-
-
-def parity_line(parity: dict[str, Any]) -> str:
-    """One line for the terminal and the bench report, from the manifest's ``source_parity``."""
-    ref = str(parity.get("reference", "?"))
-    if parity.get("error"):
-        return f"fp32 vs source ({ref}): not measured ({parity['error']})"
-    parts = []
-    for m in parity.get("models") or []:
-        diff = m.get("max_abs_diff")
-        agreement = m.get("agreement")
-        parts.append(
-            f"{m.get('model')} agreement {'-' if agreement is None else f'{agreement:.4f}'}"
-            + ("" if diff is None else f", max |Δa| {diff:.3g}")
-            + f" on {m.get('samples')} states"
-        )
-    return f"fp32 vs source ({ref}): " + "; ".join(parts)
 
 
 def compare_actions(

@@ -14,9 +14,11 @@ from . import schema
 from .artifact import MAX_JSON_BYTES, parse_artifact
 from .bundlepath import entries, read_file, rel_path, safe_name, sha256_of
 from .errors import InputError, IntegrityError
+from .parity import SourceParity
 from .schema import JSONObject
 from .signing import SIGNATURE_NAME, check_signature
 from .spec import PolicySpec
+from .tunechoice import TuneChoice
 
 MANIFEST_NAME = "manifest.json"
 RESERVED = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
@@ -63,6 +65,35 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class TraceFile:
+    """The bundle's recorded observations (``trace.npz``: agreement checks, on-device replay) and their
+    sha256."""
+
+    file: str
+    sha256: str
+    samples: int | None = None
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "file": self.file,
+            "sha256": self.sha256,
+            **({} if self.samples is None else {"samples": self.samples}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, fix: str) -> TraceFile:
+        d = schema.obj(d, "bundle manifest trace", fix)
+        samples = d.get("samples")
+        return cls(
+            file=_file(d.get("file"), "bundle manifest trace.file", fix),
+            sha256=schema.text(d.get("sha256"), "bundle manifest trace.sha256", fix, 64),
+            samples=None
+            if samples is None
+            else schema.integer(samples, "bundle manifest trace.samples", fix, 0, 2**40),
+        )
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     name: str  # e.g. "onnx-int8"
     file: str
@@ -97,12 +128,12 @@ class Manifest:
     policy: PolicySpec
     models: tuple[ModelEntry, ...]
     calibration: dict[str, Any] | None = None
-    trace: dict[str, Any] | None = None
+    trace: TraceFile | None = None
     created: str = ""
     tool_version: str = ""
-    tune: dict[str, Any] | None = None
+    tune: TuneChoice | None = None
     """set by `quarl-edge tune`: the chosen model, the device it was chosen for, the evidence"""
-    source_parity: dict[str, Any] | None = None
+    source_parity: SourceParity | None = None
     """the fp32 models against the source policy on the trace (quarl_edge/parity.py), set at export"""
 
     def model(self, name: str) -> ModelEntry:
@@ -126,10 +157,10 @@ class Manifest:
             "tool_version": self.tool_version,
             "policy": self.policy.to_dict(),
             "calibration": self.calibration,
-            "trace": self.trace,
+            "trace": None if self.trace is None else self.trace.to_dict(),
             "models": [m.to_dict() for m in self.models],
-            **({"tune": self.tune} if self.tune is not None else {}),
-            **({"source_parity": self.source_parity} if self.source_parity is not None else {}),
+            **({"tune": self.tune.to_dict()} if self.tune is not None else {}),
+            **({"source_parity": self.source_parity.to_dict()} if self.source_parity is not None else {}),
         }
 
     @classmethod
@@ -149,13 +180,9 @@ class Manifest:
         try:
             if not isinstance(d["models"], list) or len(d["models"]) > 256:
                 raise InputError("bundle manifest models is not a list of at most 256", fix)
-            for k in ("calibration", "trace"):
-                if d.get(k) is not None:
-                    schema.obj(d[k], f"bundle manifest {k}", fix)
-            trace = d.get("trace")
-            if trace:
-                _file(trace.get("file"), "bundle manifest trace.file", fix)
-                schema.text(trace.get("sha256"), "bundle manifest trace.sha256", fix, 64)
+            if d.get("calibration") is not None:
+                schema.obj(d["calibration"], "bundle manifest calibration", fix)
+            trace = TraceFile.from_dict(d["trace"], fix) if d.get("trace") is not None else None
             models = tuple(
                 ModelEntry(
                     # a model name is a runner argument and a file stem on the board: the safe alphabet
@@ -187,13 +214,11 @@ class Manifest:
                 policy=PolicySpec.from_dict(d["policy"]),
                 models=models,
                 calibration=d.get("calibration"),
-                trace=d.get("trace"),
+                trace=trace,
                 created=str(d.get("created", "")),
                 tool_version=str(d.get("tool_version", "")),
-                tune=schema.obj(d["tune"], "bundle manifest tune", fix)
-                if d.get("tune") is not None
-                else None,
-                source_parity=schema.obj(d["source_parity"], "bundle manifest source_parity", fix)
+                tune=TuneChoice.from_dict(d["tune"]) if d.get("tune") is not None else None,
+                source_parity=SourceParity.from_dict(d["source_parity"], "bundle manifest source_parity", fix)
                 if d.get("source_parity") is not None
                 else None,
             )
@@ -291,15 +316,15 @@ def verify_files(bundle: Path, manifest: Manifest, models: list[str] | None = No
     for m in manifest.models:
         if models is None or m.name in models:
             verify_model(bundle, m)
-    if manifest.trace:
-        _check_file(bundle, manifest.trace["file"], manifest.trace["sha256"], "trace")
+    if manifest.trace is not None:
+        _check_file(bundle, manifest.trace.file, manifest.trace.sha256, "trace")
 
 
 def bundle_files(manifest: Manifest) -> list[str]:
     """manifest.json and every file it names, each once, in a stable order."""
     files = [MANIFEST_NAME, *(p for m in manifest.models for p in (m.file, *(f.file for f in m.files)))]
-    if manifest.trace:
-        files.append(str(manifest.trace["file"]))
+    if manifest.trace is not None:
+        files.append(manifest.trace.file)
     return list(dict.fromkeys(files))
 
 

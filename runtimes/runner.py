@@ -382,8 +382,8 @@ def run_model(
     if trace_path is not None:
         trace = load_trace(trace_path)
         check_fits(trace, runner.spec, trace_path)
-    elif runner.manifest.trace:
-        trace = load_trace(Path(bundle) / runner.manifest.trace["file"])
+    elif runner.manifest.trace is not None:
+        trace = load_trace(Path(bundle) / runner.manifest.trace.file)
     obs_for_timing = trace.obs if trace is not None else sample_observations(runner)
     runner.act_batch(np.ascontiguousarray(obs_for_timing[:1]))  # first inference, timed
     result = ModelRun(

@@ -32,10 +32,10 @@ def choose_model(manifest: Manifest, model: str | None, bundle: Path) -> tuple[M
     if model is not None:
         return manifest.model(model), "argument"
     names = [m.name for m in manifest.models]
-    tune = manifest.tune or {}
-    if "chosen" in tune:  # a tune choice that names no model here is a damaged bundle, never a fallback
-        chosen = tune["chosen"]
-        if not isinstance(chosen, str) or chosen not in names:
+    # a tune choice that names no model here is a damaged bundle, never a fallback
+    if manifest.tune is not None:
+        chosen = manifest.tune.chosen
+        if chosen not in names:
             raise IntegrityError(
                 f"bundle {str(bundle)!r}: its tune choice {str(chosen)[:80]!r} is not one of its models "
                 f"({', '.join(names)})",
@@ -70,13 +70,9 @@ def resolve_threads(
             f"oversubscribe must be True or False (got {str(oversubscribe)[:24]})", "e.g. oversubscribe=True"
         )
     if threads == "tune":
-        tune = manifest.tune or {}
-        count = tune.get("threads")
-        if tune.get("chosen") != entry.name or count is None:
+        if manifest.tune is None or manifest.tune.chosen != entry.name:
             return 1, "default"
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_THREADS:
-            raise InputError(f"bundle manifest tune.threads {str(count)[:24]} is not an integer from 1 to "
-                             f"{MAX_THREADS}", "re-run `quarl-edge tune`, or pass threads=1")  # fmt: skip
+        count = manifest.tune.threads  # from 1 to MAX_THREADS: checked when the manifest was read
         if count > cores and not oversubscribe:
             warnings.warn(f"the bundle was tuned at {count} threads; this device has {cores} cores: loading "
                           f"with threads={cores} (pass oversubscribe=True for {count})", stacklevel=3)  # fmt: skip
@@ -123,8 +119,8 @@ def check_device(manifest: Manifest, device: Any) -> str | None:
     if here is not None and (not isinstance(here, str) or not 0 < len(here) <= 64 or not here.isprintable()):
         raise InputError(f"{where} must be a device name of 1-64 printable characters (got {str(here)[:24]!r})",
                          "e.g. device='rpi4'")  # fmt: skip
-    tuned_on = (manifest.tune or {}).get("device")
-    if here is not None and isinstance(tuned_on, str) and tuned_on != here:
+    tuned_on = manifest.tune.device if manifest.tune is not None else None
+    if here is not None and tuned_on is not None and tuned_on != here:
         warnings.warn(
             f"this bundle was tuned on device {tuned_on[:64]!r} and is loaded on {here[:64]!r}: its model "
             f"choice and thread count were measured there; re-tune with `quarl-edge tune --device {here[:64]}`",

@@ -106,7 +106,7 @@ def test_fp32_acts_as_the_zips_predict_with_the_envs_masks(trained: Trained) -> 
     assert np.array_equal(rep.actions, expected)
     assert len({tuple(np.atleast_1d(a)) for a in expected}) > 2, "degenerate: few distinct actions"
     parity = load_manifest(t.bundle).source_parity
-    assert parity is not None and parity["error"] is None and parity["models"][0]["agreement"] == 1.0
+    assert parity is not None and parity.error is None and parity.models[0].agreement == 1.0
     if t.case.masked:  # the mask is fed: without it the same model picks masked-out actions
         unmasked = PolicyRunner(t.bundle, "onnx-fp32").policy.run_batch(t.trace.obs)
         assert not np.array_equal(unmasked.reshape(expected.shape), expected)

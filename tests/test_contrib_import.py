@@ -123,10 +123,10 @@ def test_fp32_onnx_acts_like_contrib_predict(trained: Trained, tmp_path: Path) -
         assert float(np.std(expected)) > 1e-2, "degenerate test: constant actions"
     # the export measured the same against the zip's own predict, loaded without unpickling (scope 5)
     parity = load_manifest(tmp_path / "b").source_parity
-    assert parity is not None and parity["error"] is None, parity
-    (m,) = parity["models"]
-    assert m["samples"] == N_OBS and m["agreement"] >= 0.999
-    assert m["max_abs_diff"] is None or m["max_abs_diff"] <= 1e-5
+    assert parity is not None and parity.error is None, parity
+    (m,) = parity.models
+    assert m.samples == N_OBS and m.agreement >= 0.999
+    assert m.max_abs_diff is None or m.max_abs_diff <= 1e-5
 
 
 @pytest.mark.only_for("qrdqn", "crossq")

@@ -27,6 +27,7 @@ from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes import load_policy as load_runtime
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.parity import ModelParity
 from quarl_edge.runtimes.trace import save_trace
 
 KEYS = ("agent", "camera", "velocity")
@@ -96,11 +97,11 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return Trained(case, model, zip_path, policy, calib, bundle)
 
 
-def _parity(bundle: Path) -> dict:
+def _parity(bundle: Path) -> ModelParity:
     parity = load_manifest(bundle).source_parity
-    assert parity is not None and parity["error"] is None, parity
-    (m,) = parity["models"]
-    assert m["samples"] == 1000
+    assert parity is not None and parity.error is None, parity
+    (m,) = parity.models
+    assert m.samples == 1000
     return m
 
 
@@ -122,9 +123,9 @@ def test_keys_shapes_and_kinds_are_manifest_data(trained: Trained) -> None:
 def test_fp32_parity_with_sb3_predict(trained: Trained) -> None:
     m = _parity(trained.bundle)
     if trained.case.id == "ppo":
-        assert m["agreement"] >= 0.999, m
+        assert m.agreement >= 0.999, m
     else:
-        assert m["max_abs_diff"] <= 1e-5, m
+        assert m.max_abs_diff is not None and m.max_abs_diff <= 1e-5, m
 
 
 def test_act_takes_the_envs_dict(trained: Trained) -> None:
@@ -209,6 +210,6 @@ def test_a_broken_graph_fails_the_parity(trained: Trained, broken: str, tmp_path
     export_bundle(bad, BundleRequest(out=out, targets=("onnx-fp32",), calibration=trained.calib))
     m = _parity(out)
     if trained.case.id == "ppo":
-        assert m["agreement"] < 0.99, m
+        assert m.agreement < 0.99, m
     else:
-        assert m["max_abs_diff"] > 1e-3, m
+        assert m.max_abs_diff is not None and m.max_abs_diff > 1e-3, m

@@ -75,8 +75,9 @@ def test_keys_shapes_and_order_are_manifest_data(her: Her) -> None:
     (w,) = [w for w in load_manifest(her.bundle).policy.env.wrappers if w.name == "dict_obs"]
     assert w.kwargs["keys"] == list(KEYS) and w.kwargs["shapes"] == [[2], [2], [4]]
     parity = load_manifest(her.bundle).source_parity
-    assert parity is not None and parity["error"] is None, parity
-    assert parity["models"][0]["max_abs_diff"] <= 1e-5 and parity["models"][0]["samples"] == 1000
+    assert parity is not None and parity.error is None, parity
+    m = parity.models[0]
+    assert m.max_abs_diff is not None and m.max_abs_diff <= 1e-5 and m.samples == 1000
 
 
 def test_act_takes_the_envs_dict(her: Her) -> None:

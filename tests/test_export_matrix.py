@@ -185,7 +185,7 @@ def agreement(bundle: Path, model: str) -> float:
     """Share of the bundle's trace states where ``model`` and the reference choose the same action."""
     manifest = load_manifest(bundle)
     assert manifest.trace, "the bundle has no trace"
-    trace = load_trace(bundle / manifest.trace["file"])
+    trace = load_trace(bundle / manifest.trace.file)
     ref = open_runner(bundle, REFERENCE).replay(trace)
     got = open_runner(bundle, model).replay(trace)
     valid = ref.valid & got.valid
@@ -213,7 +213,7 @@ def test_export_then_run(target: str, fmt: str | None, cartpole: Exported) -> No
 
     space = manifest.policy.action_space
     assert manifest.trace is not None
-    obs = load_trace(bundle / manifest.trace["file"]).obs[:8]
+    obs = load_trace(bundle / manifest.trace.file).obs[:8]
     out = np.asarray(runner.act_batch(obs))
     assert out.shape == (len(obs), *space.shape), out.shape
     # e.g. LiteRT's argmax gives int32 where the space says int64: fine, the runner's act() casts it

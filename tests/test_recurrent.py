@@ -98,7 +98,8 @@ def test_parity_over_whole_episodes_with_the_state_carried(rec: Rec) -> None:
     got = _replay(rec, "onnx-fp32")
     assert float(np.abs(got - expected).max()) <= 1e-5
     parity = load_manifest(rec.bundle).source_parity
-    assert parity is not None and parity["error"] is None and parity["models"][0]["max_abs_diff"] <= 1e-5
+    assert parity is not None and parity.error is None
+    assert (parity.models[0].max_abs_diff or 0.0) <= 1e-5
     assert float(np.abs(_replay(rec, "onnx-int8") - expected).mean()) < 0.1
 
 

@@ -111,12 +111,17 @@ def test_default_model_and_the_error_that_lists_the_models(cartpole_bundle: Path
     assert load_policy(tuned, threads=1).info.threads == 1  # an explicit count is the caller's
     other = load_policy(tuned, model="onnx-int8").info  # tune's count was measured for its choice only
     assert (other.chosen_by, other.threads, other.threads_from) == ("argument", 1, "default")
-    for chosen in ("onnx-gone", 7, None):  # a choice naming no model of the bundle: refused, no fallback
+    manifest["tune"]["chosen"] = "onnx-gone"  # a choice naming no model of the bundle: refused, no fallback
+    (tuned / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match="tune choice"):
+        load_policy(tuned)
+    assert load_policy(tuned, model="onnx-int8").info.model == "onnx-int8"  # an explicit name still loads
+    for chosen in (7, None):  # a choice that is no name at all: the manifest is damaged, refused on load
         manifest["tune"]["chosen"] = chosen
         (tuned / "manifest.json").write_text(json.dumps(manifest))
-        with pytest.raises(IntegrityError, match="tune choice"):
-            load_policy(tuned)
-        assert load_policy(tuned, model="onnx-int8").info.model == "onnx-int8"  # an explicit name still loads
+        for model in (None, "onnx-int8"):
+            with pytest.raises(InputError, match="bundle manifest tune.chosen is not a string"):
+                load_policy(tuned, model=model)
 
     pair = tmp_path / "pair"  # fp32 + one quantized model: the quantized one
     shutil.copytree(cartpole_bundle, pair)

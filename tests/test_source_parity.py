@@ -20,6 +20,7 @@ from quarl_edge.policy.registry import env_config
 from quarl_edge.record import RecordConfig, record
 from quarl_edge.runtimes.envs import make_env
 from quarl_edge.runtimes.manifest import load_manifest
+from quarl_edge.runtimes.parity import ModelParity
 from quarl_edge.runtimes.trace import save_trace
 
 
@@ -38,12 +39,12 @@ def td3_vecnorm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     return out / "td3_Pendulum-v1.zip", out / "vec_normalize.pkl", save_trace(trace, out / "calib.npz")
 
 
-def _parity(bundle: Path) -> dict:
+def _parity(bundle: Path) -> ModelParity:
     parity = load_manifest(bundle).source_parity
-    assert parity is not None and parity["error"] is None, parity
-    assert parity["reference"].startswith("TD3.predict (stable-baselines3 ")
-    (m,) = parity["models"]
-    assert m["model"] == "onnx-fp32" and m["samples"] == 1000
+    assert parity is not None and parity.error is None, parity
+    assert parity.reference.startswith("TD3.predict (stable-baselines3 ")
+    (m,) = parity.models
+    assert m.model == "onnx-fp32" and m.samples == 1000 and m.max_abs_diff is not None
     return m
 
 
@@ -54,10 +55,10 @@ def test_export_and_bench_report_parity_with_the_zips_own_predict(td3_vecnorm, t
     export_bundle(policy, BundleRequest(out=tmp_path / "b", targets=("onnx-fp32",), calibration=calib),
                   log=logged.append)  # fmt: skip
     m = _parity(tmp_path / "b")
-    assert m["max_abs_diff"] <= 1e-5 and m["agreement"] > 0.99999
+    assert m.max_abs_diff is not None and m.max_abs_diff <= 1e-5 and m.agreement > 0.99999
     assert any(line.startswith("fp32 vs source (TD3.predict") for line in logged)
     report = bench(tmp_path / "b", BenchConfig(episodes=0, latency_samples=10, warmup=1)).to_dict()
-    assert report["source_parity"]["models"][0]["max_abs_diff"] == m["max_abs_diff"]
+    assert report["source_parity"]["models"][0]["max_abs_diff"] == m.max_abs_diff
     after = printed(parse_report(report), None).after
     assert any("fp32 vs source" in line and "max |Δa|" in line for line in after)
 
@@ -70,6 +71,6 @@ def test_a_dropped_vecnormalize_is_caught(td3_vecnorm, tmp_path: Path) -> None:
         policy.net.obs_var.fill_(1.0)
     export_bundle(policy, BundleRequest(out=tmp_path / "b", targets=("onnx-fp32",), calibration=calib))
     m = _parity(tmp_path / "b")
-    assert m["max_abs_diff"] > 0.05, m
+    assert m.max_abs_diff is not None and m.max_abs_diff > 0.05, m
     # the statistics are not trivial: the actions differ because of them
     assert not np.allclose(np.load(calib)["obs"].mean(axis=0), 0.0, atol=0.1)

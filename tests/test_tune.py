@@ -63,13 +63,14 @@ def test_the_tuned_bundle_holds_the_choice_and_says_why(tuned: tuple[TuneConfig,
     cfg, result = tuned
     assert result.choice is not None
     manifest = load_manifest(cfg.out / "bundle")
-    assert manifest.tune is not None and manifest.tune["chosen"] == result.choice.name
-    assert manifest.tune["device"] == "local" and manifest.tune["threads"] == result.choice.threads
+    assert manifest.tune is not None and manifest.tune.chosen == result.choice.name
+    assert manifest.tune.device == "local" and manifest.tune.threads == result.choice.threads
+    assert result.shipped is not None and manifest.tune.measured == result.shipped.models
     # the shipped files are the measured ones: every sha256 in the manifest is one tune.json names
     assert {m.name: m.sha256 for m in manifest.models} == {
         n: result.row(n).sha256 for n in {result.choice.name, result.reference}
     }
-    runner = PolicyRunner(cfg.out / "bundle", manifest.tune["chosen"], threads=1)
+    runner = PolicyRunner(cfg.out / "bundle", manifest.tune.chosen, threads=1)
     assert runner.act([0.0, 0.0, 0.0, 0.0]) in (0, 1)
 
 

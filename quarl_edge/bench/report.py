@@ -16,7 +16,6 @@ from quarl_edge.bench.fleet_result import FLEET_FORMAT, FLEET_VERSION, FleetRepo
 from quarl_edge.bench.result import FIX, REPORT_FORMAT, REPORT_VERSION, BenchReport
 from quarl_edge.common.markdown import markdown_table
 from quarl_edge.outputs import Kind, json_format, text_starts_with
-from quarl_edge.parity import parity_line
 from quarl_edge.runtimes.artifact import read_artifact
 from quarl_edge.runtimes.errors import InputError
 from quarl_edge.runtimes.facts import facts_text
@@ -120,7 +119,7 @@ def _printed_one(one: BenchReport, out: Path | None) -> Printed:
     after = [render.runtimes_line(one)] + ([render.in_loop_line(one)] if one.has_in_loop else [])
     after += render.sustained_lines(one)
     after += render.not_measured_lines(one)
-    after += [parity_line(dict(one.source_parity))] if one.source_parity else []
+    after += [one.source_parity.line()] if one.source_parity else []
     after += [f"device: {facts_text(dict(device.facts))}"] if device.facts.get("machine") else []
     if out is not None:
         after.append(f"report: {out} and {out.with_suffix('.md')}; next: quarl-edge gate {out} --max-reward-drop 2%"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from quarl_edge.runtimes.inloop import InLoopStats
+from quarl_edge.runtimes.parity import SourceParity
 from quarl_edge.runtimes.schema import JSONObject
 from quarl_edge.runtimes.sustained import SustainedStats, Window
 from quarl_edge.runtimes.thermal import ThermalReading
@@ -435,7 +436,7 @@ class BenchReport:
     reward_not_measured: str | None = field(default=None, metadata=OMIT_NONE)
     """why no episodes ran (the policy's environment cannot run here): reward is not measured, never
     estimated; gate judges the action error instead"""
-    source_parity: Mapping[str, object] | None = field(default=None, metadata=OMIT_NONE)
+    source_parity: SourceParity | None = field(default=None, metadata=OMIT_NONE)
     """the bundle manifest's fp32-vs-source parity, carried (quarl_edge/parity.py)"""
 
     def __post_init__(self) -> None:
@@ -494,7 +495,7 @@ class BenchReport:
             "resumed": optional(lambda x, n: build(Resumed, x, n)),
             "tune": optional(lambda x, n: dict(obj(x, n))),
             "reward_not_measured": optional(lambda x, n: text(x, n, 400)),
-            "source_parity": optional(lambda x, n: dict(obj(x, n))),
+            "source_parity": optional(lambda x, n: SourceParity.from_dict(x, n, FIX)),
             "created": lambda x, n: x if isinstance(x, str) and x else "unknown",
             "tool_version": lambda x, n: x if isinstance(x, str) and x else "unknown",
         })  # fmt: skip

@@ -29,6 +29,7 @@ from quarl_edge.runtimes.fsutil import (
 )
 from quarl_edge.runtimes.manifest import MANIFEST_NAME, Manifest, load_manifest
 from quarl_edge.runtimes.signer import sign_bundle
+from quarl_edge.runtimes.tunechoice import TuneChoice
 from quarl_edge.tune.config import TuneConfig
 from quarl_edge.tune.records import Shipped
 from quarl_edge.tune.report import TUNE_MARKDOWN, markdown, plot
@@ -59,7 +60,7 @@ def _copy(src: Path, dst: Path, rel: str, sha: str, what: str) -> None:
                              "run tune again: the changed file is measured again")  # fmt: skip
 
 
-def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str, Any],
+def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: TuneChoice,
                   sign_key: Path | None = None) -> Manifest:  # fmt: skip
     """A bundle in ``dst`` holding the models ``measured`` names ({name: sha256 measured}) copied from the
     bundle ``src``, its trace, and a manifest whose sha256s are those measured; signed with ``sign_key``
@@ -74,8 +75,8 @@ def copy_measured(src: Path, dst: Path, measured: dict[str, str], tune: dict[str
         _copy(src, dst, e.file, e.sha256, e.name)
         for f in e.files:  # a C model's header and prebuilt objects, hashed in the same manifest entry
             _copy(src, dst, f.file, f.sha256, f"{e.name}'s {f.role}")
-    if m.trace:
-        _copy(src, dst, str(m.trace["file"]), str(m.trace["sha256"]), "the replay trace")
+    if m.trace is not None:
+        _copy(src, dst, m.trace.file, m.trace.sha256, "the replay trace")
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     shipped = Manifest(policy=m.policy, models=tuple(entries), calibration=m.calibration, trace=m.trace,
                        created=created, tool_version=__version__, tune=tune)  # fmt: skip
@@ -102,8 +103,8 @@ def write_outputs(result: TuneResult, cfg: TuneConfig, device: Device, transport
              out / "tune.png", claim(out / SHIPPED, BUNDLE, name="the tuned bundle")]  # fmt: skip
     names = [result.reference] + ([c.name] if c.name != result.reference else [])
     measured = {n: result.row(n).sha256 for n in names}
-    tune = {"chosen": c.name, "threads": c.threads, "device": device.name, "emulated": device.emulated,
-            "evidence": c.to_dict(), "policy_sha256": result.inputs.policy_sha256, "measured": measured}  # fmt: skip
+    tune = TuneChoice(c.name, c.threads, device.name, device.emulated, c.to_dict(), result.inputs.policy_sha256,
+                      tuple(measured.items()))  # fmt: skip
     # the first seeds and a close call's fresh ones follow on; no episodes where the env cannot run here
     episodes = 0 if result.reward_not_measured else c.episodes or cfg.episodes
     with atomic_directory(files[3]) as tmp:

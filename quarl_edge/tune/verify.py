@@ -111,7 +111,7 @@ def check_shipped_bundle(result: TuneResult, folder: Path, where: str) -> None:
         problem = f"it holds the policy {manifest.policy.name!r}, tune.json names {result.policy!r}"
     elif {m.name: m.sha256 for m in manifest.models} != dict(result.shipped.models):
         problem = "its models are not the ones tune.json names"
-    elif (manifest.tune or {}).get("chosen") != result.choice.name:
+    elif manifest.tune is None or manifest.tune.chosen != result.choice.name:
         problem = f"its manifest does not name {result.choice.name!r} as tune's choice"
     if problem:
         raise InputError(
