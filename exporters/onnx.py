@@ -107,6 +107,12 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
     if policy.source_model is not None:
         path.write_bytes(policy.source_model)
         return path
+    # every ONNX-based target of a bundle (fp32, fp16, each int8 variant, C) starts from this graph:
+    # exported once per policy object and opset in the bundle's work folder, copied for the others
+    done = ctx.workdir / f"fp32-{id(policy.net):x}-opset{ctx.config.opset}.onnx"
+    if done.is_file():
+        shutil.copyfile(done, path)
+        return path
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
     example = torch.zeros((2, *obs_space.shape), dtype=dtype)
@@ -137,6 +143,7 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
             ) from None
     assert program is not None
     program.save(str(path))
+    shutil.copyfile(path, done)
     return path
 
 
