@@ -45,10 +45,11 @@ typecheck: $(VENV)/.installed-test
 system-deps:
 	bash .ci/system-deps
 
-# Two workers (a 2-core CI machine; many tests wait on subprocesses, sshd or qemu): every emulated test in
-# one group (one board per host), every other file a group of its own (tests/conftest.py), the emulated
-# group first as the longest. The 25 slowest tests are printed at the end.
-PYTEST_WORKERS ?= 2
+# Three workers on the 2-core CI machine (with two, a quarter of the CPU sat idle: tests wait on
+# subprocesses, sshd, qemu and paced loops): every emulated test in one group (one board per host), every
+# other file a group of its own (tests/conftest.py), the emulated group first as the longest. The 25
+# slowest tests are printed at the end.
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 pytest: $(VENV)/.installed-test

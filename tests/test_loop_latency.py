@@ -3,7 +3,7 @@
 there, reports the steps with and without the warm-up side by side and counts those over the period's
 budget; `gate --max-miss-rate` gates on that share. A deliberately slow model (three 2048-wide layers) at
 an absurd rate must miss (and overrun every period, skipping rather than bursting), the shipped CartPole
-policy at 100 Hz must not."""
+policy at 50 Hz must not."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from quarl_edge.runtimes.inloop import in_loop_stats
 from quarl_edge.runtimes.realtime import SETTINGS
 
 ABSURD_HZ = 100_000  # a 10 us budget: one 2048x2048 layer alone takes far longer on any CPU
-GENEROUS_HZ = 100  # a 10 ms budget: the CartPole MLP takes microseconds, even on a loaded machine
+GENEROUS_HZ = 50  # a 20 ms budget: the CartPole MLP takes microseconds; the margin is for a loaded CI host
 IN_LOOP_KEYS = ("hz", "budget_us", "steps", "over_budget", "miss_rate", "p50_us", "p99_us", "p999_us",
                 "max_us", "mean_us", "first_call_ms", "paced", "overruns", "no_warmup_steps",
                 "no_warmup_p50_us", "no_warmup_p99_us", "no_warmup_miss_rate", "os_settings")  # fmt: skip
