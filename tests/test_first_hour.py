@@ -146,7 +146,8 @@ def test_gate_reads_1_percent_and_0_01_alike_and_prints_a_unit_on_every_number(
     from quarl_edge.bench.run import BenchConfig, bench
 
     path, _ = write_report(
-        bench(cartpole_bundle, BenchConfig(episodes=1, latency_samples=50, max_steps=40, hz=50)), tmp_path / "r.json"
+        bench(cartpole_bundle, BenchConfig(episodes=1, latency_samples=50, max_steps=40, hz=50)),
+        tmp_path / "r.json",
     )
     verdicts = []
     for rate in ("1%", "0.01"):
