@@ -759,3 +759,25 @@ def test_cli_export_tflite_keeps_stdout_clean_for_json(
         "policy.int8.tflite",
         "trace.npz",
     ]
+
+
+def test_the_reused_fp32_graph_is_keyed_by_content_never_by_object(
+    cartpole_policy: Path, tmp_path: Path
+) -> None:
+    """The fp32 ONNX graph is exported once per content and reused (exporters/onnx.py): the same policy
+    exported again gives the same bytes; a weight changed in place on the same object, or another spec,
+    is exported afresh (its graph holds the new weight)."""
+    policy = load_checkpoint(cartpole_policy)
+
+    def graph(p: Policy, name: str) -> bytes:
+        export_bundle(p, BundleRequest(out=tmp_path / name, targets=("onnx-fp32",), calibration=None))
+        return (tmp_path / name / "policy.fp32.onnx").read_bytes()
+
+    first = graph(policy, "a")
+    assert graph(policy, "b") == first
+    with torch.no_grad():
+        policy.net.out.bias.add_(0.5)
+    changed = graph(policy, "c")
+    assert changed != first
+    biases = [numpy_helper.to_array(t) for t in onnx.load_from_string(changed).graph.initializer]
+    assert any(np.allclose(b, policy.net.out.bias.detach().numpy()) for b in biases if b.shape == (2,))
