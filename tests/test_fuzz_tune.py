@@ -138,7 +138,7 @@ def test_a_fuzzed_tune_json_is_accepted_only_when_what_it_certifies_holds(
             if result is None:
                 assert "tune" not in forged  # a plain bench report: gate's own checks apply
                 return
-            report = read_report(out / "tune.json")
+            (report,) = read_report(out / "tune.json").reports.values()  # tune benches one device
             assert result.choice is not None and result.shipped is not None
             assert {result.choice.name, result.reference} <= {m.name for m in report.models}
             assert report.bundle.policy == result.policy
