@@ -10,13 +10,10 @@ in float (module paths, mapped to the graph's Conv/Gemm/MatMul nodes by _layer_n
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
-import json
 import logging
 import shutil
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -110,13 +107,13 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
     if policy.source_model is not None:
         path.write_bytes(policy.source_model)
         return path
-    # every ONNX-based target (fp32, fp16, each int8 variant, C), of this bundle or the next one of the
-    # same policy (tune exports a reference and a candidates bundle), starts from this graph: exported
-    # once per content (module, weights, spec, opset), its bytes reused
-    key = _graph_key(policy, ctx.config.opset)
-    if key in _GRAPHS:
-        _GRAPHS.move_to_end(key)
-        path.write_bytes(_GRAPHS[key])
+    # every ONNX-based target of a bundle (fp32, fp16, each int8 variant, C) starts from this graph: exported
+    # once per policy object and opset in the bundle's own work folder (the objects live through the whole
+    # export), copied for the others. Never across bundles: a module's plain attributes (a flag, the order
+    # of its parts) shape the graph, and no key over weights and repr sees them.
+    done = ctx.workdir / f"fp32-{id(policy.net):x}-opset{ctx.config.opset}.onnx"
+    if done.is_file():
+        shutil.copyfile(done, path)
         return path
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
@@ -148,29 +145,8 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
             ) from None
     assert program is not None
     program.save(str(path))
-    _GRAPHS[key] = path.read_bytes()
-    while len(_GRAPHS) > _KEEP_GRAPHS:
-        _GRAPHS.popitem(last=False)
+    shutil.copyfile(path, done)
     return path
-
-
-_KEEP_GRAPHS = 4
-_GRAPHS: OrderedDict[str, bytes] = OrderedDict()
-"""the last fp32 graphs exported in this process, by _graph_key"""
-
-
-def _graph_key(policy: Policy, opset: int) -> str:
-    """What the exported graph depends on: the module (its type, structure and mode), every weight and
-    buffer byte, the policy's spec and architecture, and the opset."""
-    net = policy.net
-    h = hashlib.sha256()
-    about = (type(net).__module__, type(net).__qualname__, repr(net), net.training, repr(policy.arch),
-             json.dumps(policy.spec.to_dict(), sort_keys=True, default=str), opset)  # fmt: skip
-    h.update(repr(about).encode())
-    for name, t in net.state_dict().items():
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 @register("onnx-fp32")

@@ -761,12 +761,13 @@ def test_cli_export_tflite_keeps_stdout_clean_for_json(
     ]
 
 
-def test_the_reused_fp32_graph_is_keyed_by_content_never_by_object(
+def test_a_policy_changed_between_two_exports_is_exported_afresh(
     cartpole_policy: Path, tmp_path: Path
 ) -> None:
-    """The fp32 ONNX graph is exported once per content and reused (exporters/onnx.py): the same policy
-    exported again gives the same bytes; a weight changed in place on the same object, or another spec,
-    is exported afresh (its graph holds the new weight)."""
+    """Within a bundle the fp32 ONNX graph is exported once and copied for the other ONNX targets
+    (exporters/onnx.py); a second bundle of the same policy object exports it again: the same bytes for
+    the same policy, the new weight after a change in place (tests/test_dict_images.py breaks a module's
+    plain attributes the same way)."""
     policy = load_checkpoint(cartpole_policy)
 
     def graph(p: Policy, name: str) -> bytes:
