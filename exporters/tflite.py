@@ -48,6 +48,7 @@ from quarl_edge.exporters.base import (
 from quarl_edge.exporters.tflite_readback import Layer, ReadBack, Tensor
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import InputError
+from quarl_edge.runtimes.schema import JSONObject
 
 TFLITE = Requirement(modules=("litert_torch", "torchao", "ai_edge_litert"), extra="tflite")
 COMPUTE_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
@@ -491,14 +492,7 @@ def _export_int8_learned_ranges(ctx: ExportContext, path: Path) -> ExportedModel
         **_activation_type(ctx.config),
         **read.quantization(),
     }
-    return ExportedModel(
-        path,
-        "tflite",
-        "int8",
-        quant,
-        read.io(),
-        _toolchain(quantizer=f"torchao {_version('torchao')} (PT2E)"),
-    )
+    return _pt2e_int8(path, quant, read)
 
 
 @register("tflite-int8", calibrated=True, requires=TFLITE)
@@ -545,6 +539,11 @@ def _export_int8(ctx: ExportContext, path: Path) -> ExportedModel:
         **_activation_type(cfg),
         **read.quantization(),
     }
+    return _pt2e_int8(path, quant, read)
+
+
+def _pt2e_int8(path: Path, quant: JSONObject, read: ReadBack) -> ExportedModel:
+    """An int8 model quantized by torchao's PT2E flow (calibrated or with learned ranges), as read back."""
     return ExportedModel(
         path,
         "tflite",
