@@ -8,7 +8,11 @@ export PYTHONWARNINGS ?= ignore::DeprecationWarning
 # setuptools (fetched by pip's build isolation) reports every editable install as an "InformationOnly"
 # warning the user can do nothing about; matched by its message (its category cannot be named at pip's
 # start-up, where setuptools is not importable).
-PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation,$(PYTHONWARNINGS)' $(BIN)/pip install --quiet
+# --no-compile: pip would byte-compile every file of ~3.7 GB of packages (torch, ray, jax, tensorflow's
+# pieces) at install, 1m55 of the test venv's install here against 42 s without; Python compiles the
+# modules a run imports on first import instead and caches them (so the cache is not switched off below).
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation,$(PYTHONWARNINGS)' $(BIN)/pip install --quiet --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-fast system-deps lint typecheck pytest bench clean
 
@@ -36,10 +40,15 @@ lint: $(VENV)/.installed-test
 
 # mypy does not follow setuptools' package-dir mapping (nor an editable install's finder), so it checks
 # the package as the wheel installs it: built by the real build backend into .cache/typecheck.
+# Its output goes to .cache/typecheck.log (make test runs it beside pytest): printed whole if it fails, its
+# last line (mypy's count) if it passes.
 typecheck: $(VENV)/.installed-test
 	rm -rf .cache/typecheck build
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target .cache/typecheck .
-	cd .cache/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p quarl_edge
+	mkdir -p .cache
+	@( $(BIN)/pip install --quiet --no-deps --no-build-isolation --target .cache/typecheck . && \
+	   cd .cache/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p quarl_edge ) \
+	   >.cache/typecheck.log 2>&1 || { cat .cache/typecheck.log; echo "typecheck failed"; exit 1; }
+	@echo "typecheck: $$(tail -n 1 .cache/typecheck.log)"
 
 # sshd (SSH tier) and qemu-user + debootstrap (emulated board tier), when root on Debian; see .ci/system-deps
 system-deps:
@@ -55,7 +64,9 @@ PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest -q $(PYTEST_PARALLEL) --durations=25
 
-test: system-deps lint typecheck pytest
+# typecheck (a core-minute) runs beside pytest, in the CPU time pytest's waits on subprocesses leave idle.
+test: system-deps lint
+	$(MAKE) --no-print-directory -j2 typecheck pytest
 
 # The fast tier (under 3 minutes here): no slow, SSH or emulated-board tests.
 test-fast: $(VENV)/.installed-test
