@@ -99,6 +99,19 @@ def cli(tmp_path: Path) -> CliRun:
     return run
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sb3_logs_in_the_runs_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' own SB3 ``learn()`` calls (verbose=0) log nowhere, but SB3 still makes a folder per call,
+    /tmp/SB3-<time> unless SB3_LOGDIR names one: this run's temp folder, removed with it."""
+    old = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
+    yield
+    if old is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = old
+
+
 def run_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
     """A folder ``build(folder)`` makes once per test run: under pytest-xdist the first worker that asks
     builds it, the others wait for it and reuse it (session fixtures are per worker; an export or a wheel

@@ -328,6 +328,7 @@ def evaluate(policy: Policy, episodes: int, seed0: int = 10_000) -> tuple[float,
 
 def train(cfg: TrainConfig) -> Policy:
     import stable_baselines3 as sb3
+    from stable_baselines3.common.logger import Logger
 
     from quarl_edge.policy.sb3 import base_spec, parts_from_model, policy_from_parts
 
@@ -394,6 +395,8 @@ def train(cfg: TrainConfig) -> Policy:
     if cfg.checkpoint_every:
         callbacks.append(_checkpoint_callback(cfg.checkpoint_every, save))
     remaining = steps - int(model.num_timesteps)
+    # SB3's own logger (verbose=0, no tensorboard) would make an empty /tmp/SB3-<time> folder per learn()
+    model.set_logger(Logger(None, []))
     if remaining > 0:
         model.learn(total_timesteps=remaining, callback=callbacks, reset_num_timesteps=not cfg.resume)
     wall = time.time() - t0
