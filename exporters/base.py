@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +178,32 @@ class ExportedModel:
     """the model's other files, in the same folder as ``file`` (the manifest hashes each)"""
 
 
+class GraphCache:
+    """The fp32 ONNX graph exported for each policy net so far, per opset: every ONNX-based target (fp32,
+    fp16, each int8 variant, C) starts from it, copied. Keyed by the live net object, which the cache holds
+    (so an id is never another object's while it lives): share one only across exports of nets not changed
+    in between. export_bundle makes one per bundle; tune shares one across its bundles and probes of the
+    policy it loaded. Never across processes or by content: a module's plain attributes (a flag, the order
+    of its parts) shape the graph, and no key over weights and repr sees them."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._graphs: dict[tuple[int, int], tuple[object, Path]] = {}
+
+    def get(self, net: object, opset: int, path: Path) -> bool:
+        """Copy the cached graph of ``net`` to ``path``; False when there is none."""
+        hit = self._graphs.get((id(net), opset))
+        if hit is None or hit[0] is not net or not hit[1].is_file():
+            return False
+        shutil.copyfile(hit[1], path)
+        return True
+
+    def put(self, net: object, opset: int, graph: Path) -> None:
+        kept = self._folder / f"fp32-graph-{len(self._graphs)}.onnx"
+        shutil.copyfile(graph, kept)
+        self._graphs[(id(net), opset)] = (net, kept)
+
+
 @dataclass(frozen=True)
 class ExportContext:
     policy: Policy
@@ -184,6 +211,8 @@ class ExportContext:
     calibration: np.ndarray | None  # observations, already subsampled
     config: ExportConfig
     workdir: Path
+    graphs: GraphCache | None = None
+    """fp32 graphs already exported from these nets (None: each export_fp32 exports afresh)"""
     qat: QATConfig | None = None
     """set for a QAT policy: how it was trained to be quantized"""
     plain: Policy | None = None

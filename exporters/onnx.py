@@ -107,13 +107,8 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
     if policy.source_model is not None:
         path.write_bytes(policy.source_model)
         return path
-    # every ONNX-based target of a bundle (fp32, fp16, each int8 variant, C) starts from this graph: exported
-    # once per policy object and opset in the bundle's own work folder (the objects live through the whole
-    # export), copied for the others. Never across bundles: a module's plain attributes (a flag, the order
-    # of its parts) shape the graph, and no key over weights and repr sees them.
-    done = ctx.workdir / f"fp32-{id(policy.net):x}-opset{ctx.config.opset}.onnx"
-    if done.is_file():
-        shutil.copyfile(done, path)
+    # every ONNX-based target of a bundle starts from this graph: exported once per net (GraphCache)
+    if ctx.graphs is not None and ctx.graphs.get(policy.net, ctx.config.opset, path):
         return path
     obs_space = policy.spec.observation_space
     dtype = torch.uint8 if obs_space.dtype == "uint8" else torch.float32
@@ -145,7 +140,8 @@ def export_fp32(ctx: ExportContext, path: Path) -> Path:
             ) from None
     assert program is not None
     program.save(str(path))
-    shutil.copyfile(path, done)
+    if ctx.graphs is not None:
+        ctx.graphs.put(policy.net, ctx.config.opset, path)
     return path
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from quarl_edge.exporters.base import (
     NEEDS_CALIBRATION,
     ExportConfig,
     ExportContext,
+    GraphCache,
 )
 from quarl_edge.exporters.targets import resolve_targets
 from quarl_edge.field.calibration import calibration_trace
@@ -77,6 +79,9 @@ class BundleRequest:
     ``out`` may not be, hold or lie inside any of them (nor the calibration file)"""
     sign_key: Path | None = None
     """an ed25519 private key: the bundle gets a manifest.sig (runtimes/signing.py) before it appears"""
+    graphs: GraphCache | None = None
+    """fp32 graphs this policy object was exported to before, unchanged since (:func:`graph_cache`); None:
+    the bundle's own"""
 
     def inputs(self) -> list[tuple[str, Path | None]]:
         sources = [("field log" if p.is_dir() else "calibration file", p) for p in self.calibration_sources()]
@@ -96,6 +101,13 @@ def _calibration(policy: Policy, req: BundleRequest, log: Callable[[str], None])
         raise InputError("more calibration data was given without the first", "pass it as calibration")
     log(f"no calibration file given: recording {req.record_episodes} episodes for calibration")
     return record(policy, RecordConfig(episodes=req.record_episodes, epsilon=0.1, seed=0, max_samples=5000))
+
+
+@contextlib.contextmanager
+def graph_cache() -> Iterator[GraphCache]:
+    """A GraphCache for several bundles of one policy object (in a scratch folder removed after)."""
+    with tempfile.TemporaryDirectory(prefix=temp_dir_prefix(WORK_PREFIX)) as folder:
+        yield GraphCache(Path(folder))
 
 
 def export_bundle(
@@ -151,6 +163,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
     entries: list[ModelEntry] = []
     work_dir = tempfile.TemporaryDirectory(prefix=temp_dir_prefix(WORK_PREFIX))
     with work_dir as work, atomic_directory(req.out) as tmp:
+        graphs = req.graphs if req.graphs is not None else GraphCache(Path(work))
         for job in jobs:
             fmt, precision = job.target.rsplit("-", 1)
             ctx = ExportContext(
@@ -161,6 +174,7 @@ def _export_bundle(policy: Policy, req: BundleRequest, log: Callable[[str], None
                 calibration_state=tuple(s[: job.config.max_calibration_samples] for s in calib_state),
                 config=job.config,
                 workdir=Path(work),
+                graphs=graphs,
                 **qat_fields,  # type: ignore[arg-type]
             )
             stem = precision if job.name == job.target else job.name

@@ -159,10 +159,42 @@ def test_a_second_tune_into_the_same_out_is_refused_at_once(
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path) -> Path:
+def tuned_run(
+    tmp_path_factory: pytest.TempPathFactory, cartpole_policy: Path, cartpole_calib: Path
+) -> tuple[Path, int]:
+    """One small tune, and how many times it called torch.onnx.export (the real one, counted)."""
+    import torch
+
     out = tmp_path_factory.mktemp("tuned") / "t"
-    run_tune(small(cartpole_policy, out, cartpole_calib))
-    return out
+    real, calls = torch.onnx.export, []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.onnx, "export", counted)
+        run_tune(small(cartpole_policy, out, cartpole_calib))
+    return out, len(calls)
+
+
+@pytest.fixture(scope="module")
+def tuned(tuned_run: tuple[Path, int]) -> Path:
+    return tuned_run[0]
+
+
+def test_one_tune_exports_the_policys_fp32_graph_once(tuned_run: tuple[Path, int]) -> None:
+    """The reference bundle and the candidates bundle (its ONNX and C models) start from one torch.onnx
+    export of the policy tune loaded (bundle.graph_cache): the same fp32 graph, byte for byte, in both."""
+    from quarl_edge.runtimes.manifest import load_manifest
+
+    out, exports = tuned_run
+    result = read_tune_json(out / "tune.json")
+    assert result is not None and result.reference == "onnx-fp32"
+    assert {r.candidate.name for r in result.candidates} >= {"onnx-fp32", "c-fp32"}
+    (reference,) = [p for p in out.rglob("reference-*") if (p / "manifest.json").is_file()]
+    assert load_manifest(reference).model("onnx-fp32").sha256 == result.row("onnx-fp32").sha256
+    assert exports == 1
 
 
 @pytest.fixture

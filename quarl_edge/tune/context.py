@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quarl_edge import __version__
-from quarl_edge.bundle import BundleRequest, Variant, export_bundle
+from quarl_edge.bundle import BundleRequest, GraphCache, Variant, export_bundle
 from quarl_edge.policy.net import Policy
 from quarl_edge.runtimes.errors import QuarlError
 from quarl_edge.runtimes.manifest import Manifest, load_manifest
@@ -45,6 +45,8 @@ class Search:
     manifests: dict[Path, Manifest] = field(default_factory=dict)
     sha: dict[str, str] = field(default_factory=dict)
     """each candidate's model file sha256 in the candidates bundle: what its measurements are keyed by"""
+    graphs: GraphCache | None = None
+    """the fp32 graphs of ``policy`` exported so far in this run (bundle.graph_cache)"""
 
     def over_budget(self) -> bool:
         return time.monotonic() > self.deadline
@@ -74,7 +76,7 @@ class Search:
         got = {c.name: self.state.get("layers", c.name, c.name) for c in cands}
         todo = [c for c in cands if got[c.name] is None]
         if todo:
-            run = fan_out(self.policy, self.trace_path, self.ref_actions, self.cfg.parallel)
+            run = fan_out(self.policy, self.trace_path, self.ref_actions, self.cfg.parallel, self.graphs)
             for c, value in zip(todo, run([c.variant() for c in todo]), strict=True):
                 got[c.name] = self.state.put("layers", c.name, c.name, float(value))
         return {n: float(v) for n, v in got.items()}
@@ -118,7 +120,8 @@ class Search:
             if old != out and re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}", old.name):
                 _remove(old)
         export_bundle(self.policy, BundleRequest(out=out, targets=targets, variants=variants,
-                                                 calibration=self.trace_path, sign_key=self.cfg.sign_key))  # fmt: skip
+                                                 calibration=self.trace_path, sign_key=self.cfg.sign_key,
+                                                 graphs=self.graphs))  # fmt: skip
         return out
 
     def _unsound(self, bundle: Path, names: list[str]) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from quarl_edge.bench.run import action_agreement
-from quarl_edge.bundle import BundleRequest, Variant, export_bundle
+from quarl_edge.bundle import BundleRequest, GraphCache, Variant, export_bundle
 from quarl_edge.exporters.base import compute_layers, quantized_layers
 from quarl_edge.parallel import Workers, pool
 from quarl_edge.policy.net import Policy
@@ -41,26 +41,30 @@ def model_agreement(bundle: Path, model: str, manifest: Manifest, trace: Trace, 
     return agreement(manifest, ref, actions)
 
 
-def probe_task(policy: Policy, variant: Variant, trace_bytes: bytes, ref: np.ndarray) -> float:
+def probe_task(
+    policy: Policy, variant: Variant, trace_bytes: bytes, ref: np.ndarray, graphs: GraphCache | None = None
+) -> float:
     """One probe, self-contained so it runs as a Ray task anywhere: export the variant alone, replay the
-    recorded states, agreement with fp32's actions."""
+    recorded states, agreement with fp32's actions. ``graphs``: in this process, the run's fp32 graphs."""
     with tempfile.TemporaryDirectory(prefix="quarl-tune-probe-") as tmp:
         trace_path = Path(tmp) / "trace.npz"
         trace_path.write_bytes(trace_bytes)
         out = Path(tmp) / "bundle"
-        export_bundle(policy, BundleRequest(out=out, targets=(), variants=(variant,), calibration=trace_path))
+        req = BundleRequest(out=out, targets=(), variants=(variant,), calibration=trace_path, graphs=graphs)
+        export_bundle(policy, req)
         return model_agreement(out, variant.name, load_manifest(out), load_observations(trace_path), ref)
 
 
 def fan_out(
-    policy: Policy, trace_path: Path, ref: np.ndarray, workers: Workers
+    policy: Policy, trace_path: Path, ref: np.ndarray, workers: Workers, graphs: GraphCache | None = None
 ) -> Callable[[list[Variant]], list[float]]:
-    """Run probes side by side as ``workers`` says (one at a time in this process by default)."""
+    """Run probes side by side as ``workers`` says (one at a time in this process by default, where they
+    share ``graphs``; the workers export their own)."""
     trace_bytes = trace_path.read_bytes()
 
     def run(variants: list[Variant]) -> list[float]:
         if len(variants) < 2 or workers.backend == "in-process":
-            return [probe_task(policy, v, trace_bytes, ref) for v in variants]
+            return [probe_task(policy, v, trace_bytes, ref, graphs) for v in variants]
         with pool(workers) as p:
             return [float(x) for x in p.map(_probe, [(v,) for v in variants], (policy, trace_bytes, ref))]
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from quarl_edge.bench.device import device_stub
 from quarl_edge.bench.transport import transport_for
+from quarl_edge.bundle import graph_cache
 from quarl_edge.devices.check import check_device
 from quarl_edge.devices.preflight import check_env
 from quarl_edge.devices.profiles import load_profile
@@ -121,7 +122,7 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
     offline = not_measured(policy)
     check_verdict(cfg, offline)  # before anything is written
     policy_sha = policy_sha256(cfg.policy, cfg.vecnormalize, policy, cfg.io)
-    with locked(cfg.out) as work:
+    with locked(cfg.out) as work, graph_cache() as graphs:  # one fp32 graph export per net for the run
         stage("check the device")
         facts = check_device(profile).facts
         if profile.transport != "local" and offline is None:  # the closed loop runs there: its env packages
@@ -147,7 +148,7 @@ def run_tune(cfg: TuneConfig, log: Log = lambda _m: None, stage: Stage = lambda 
                 f"resuming: {state.cached} measurements of an earlier run with the same inputs are checked for reuse"
             )
         s = Search(cfg, log, policy, trace_path, state, work, t0 + cfg.budget_min * 60, inputs,
-                   reference=f"{formats[0]}-fp32")  # fmt: skip
+                   reference=f"{formats[0]}-fp32", graphs=graphs)  # fmt: skip
         ref_bundle = s.export("reference", (), (s.reference,))
         s.ref_actions = PolicyRunner(ref_bundle, s.reference, threads=1).replay(s.load_trace()).actions
         stage("per-layer search (host)")
