@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -175,6 +176,25 @@ def split_wrappers(config: EnvConfig) -> tuple[EnvConfig, tuple[WrapperConfig, .
     return replace(config, wrappers=env), policy
 
 
+_MAZE_MODEL_FILE = re.compile(r"ant_maze\d+(\.\d+)?\.xml")
+
+
+def _remove_maze_model_file(env: Any) -> None:
+    """gymnasium-robotics' mazes (AntMaze, PointMaze: maze_v4.Maze.make_maze) write the generated MuJoCo
+    model of each env they make to <temp>/ant_maze<time.time()>.xml and never remove it (a run left 160 in
+    /tmp); MuJoCo has read it once the env exists. Only that file of this env, named by the time it was
+    made, directly in the temp folder."""
+    import tempfile
+
+    path = getattr(env.unwrapped, "tmp_xml_file_path", None)
+    if not isinstance(path, str) or not _MAZE_MODEL_FILE.fullmatch(os.path.basename(path)):
+        return
+    if os.path.dirname(os.path.abspath(path)) == os.path.abspath(tempfile.gettempdir()) and os.path.isfile(
+        path
+    ):
+        os.unlink(path)
+
+
 def make_env(config: EnvConfig, render_mode: str | None = None, *, policy_side: bool = True) -> Any:
     """Create the environment with its preprocessing wrappers, exactly as the policy was trained.
 
@@ -211,6 +231,7 @@ def make_env(config: EnvConfig, render_mode: str | None = None, *, policy_side: 
         raise MissingDependencyError(
             f"environment {config.id!r} needs {mod!r}", install_hint(mod, config.family)
         ) from None
+    _remove_maze_model_file(env)
     for w in config.wrappers:
         factory = WRAPPERS.get(w.name)
         if factory is None:

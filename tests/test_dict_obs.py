@@ -51,6 +51,8 @@ def make_her(out: Path) -> Her:
     model = SAC("MultiInputPolicy", ENV, seed=0, device="cpu", learning_starts=350, buffer_size=5000,
                 replay_buffer_class=HerReplayBuffer, replay_buffer_kwargs={"n_sampled_goal": 4},
                 policy_kwargs={"net_arch": [32, 32]})  # fmt: skip
+    # SB3 made the env with gym.make: gymnasium-robotics left its maze model file in the temp folder
+    Path(model.get_env().envs[0].unwrapped.tmp_xml_file_path).unlink(missing_ok=True)  # type: ignore[union-attr]
     model.learn(700)
     zip_path = out / f"sac_{ENV}.zip"  # SB3's own naming: no --env anywhere below
     model.save(zip_path)
@@ -127,3 +129,25 @@ def test_an_observation_key_of_an_unknown_kind_or_a_bad_shape_is_refused() -> No
         ObservationKey("agent", (2, -1), "float32", "vector")
     with pytest.raises(ValueError, match="recurrent state name is not a non-empty string"):
         RecurrentState("", "h_out", (1, 64))
+
+
+def test_a_maze_env_leaves_no_model_file_in_the_temp_folder() -> None:
+    """gymnasium-robotics writes each maze's generated model to <temp>/ant_maze<time>.xml and leaves it;
+    the env quarl-edge makes removes that file (MuJoCo has read it) and still steps."""
+    from quarl_edge.runtimes.envs import make_env
+    from quarl_edge.runtimes.spec import EnvConfig
+
+    gym.register_envs(gym_robotics)
+    env = make_env(EnvConfig(ENV, family="robotics"))
+    written = Path(env.unwrapped.tmp_xml_file_path)
+    assert written.name.startswith("ant_maze") and not written.exists()
+    obs, _ = env.reset(seed=0)
+    assert set(obs) == set(KEYS)
+    env.step(env.action_space.sample())
+    env.close()
+    # the library's own env, made directly, leaves it (what the removal is for)
+    raw = gym.make(ENV)
+    left = Path(raw.unwrapped.tmp_xml_file_path)
+    assert left.is_file()
+    left.unlink()  # made by this test
+    raw.close()
