@@ -54,12 +54,13 @@ typecheck: $(VENV)/.installed-test
 system-deps:
 	bash .ci/system-deps
 
-# Four workers on the 2-core CI machine: tests wait on subprocesses, sshd, qemu, Ray and paced loops, and
-# with three the CPU still sat ~30% idle (two fresh-clone runs back to back: -n 3 pytest 18:21, 27.4 CPU-min;
-# -n 4 17:26, 26.6 CPU-min; one run each, this machine is noisy). Every emulated test in one group (one board per
-# host), every other file a group of its own (tests/conftest.py), the emulated group first as the
-# longest. The 25 slowest tests are printed at the end.
-PYTEST_WORKERS ?= 4
+# Three workers on the 2-core CI machine: with two, tests waiting on subprocesses, sshd, qemu, Ray and paced
+# loops left CPU idle. vmstat through a four-worker run showed the CPU busy all along (0% idle; `time`'s
+# user+sys misses the sshd-started qemu and Ray's daemons), and four measured the same as three within this
+# machine's noise (fresh clones: -n 3 18:53 and 19:14 wall, -n 4 18:19 and 19:34). Every emulated test in
+# one group (one board per host), every other file a group of its own (tests/conftest.py), the emulated
+# group first as the longest. The 25 slowest tests are printed at the end.
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 pytest: $(VENV)/.installed-test
