@@ -189,9 +189,8 @@ def _remove_maze_model_file(env: Any) -> None:
     path = getattr(env.unwrapped, "tmp_xml_file_path", None)
     if not isinstance(path, str) or not _MAZE_MODEL_FILE.fullmatch(os.path.basename(path)):
         return
-    if os.path.dirname(os.path.abspath(path)) == os.path.abspath(tempfile.gettempdir()) and os.path.isfile(
-        path
-    ):
+    in_temp = os.path.dirname(os.path.abspath(path)) == os.path.abspath(tempfile.gettempdir())
+    if in_temp and os.path.isfile(path):
         os.unlink(path)
 
 
